@@ -1,0 +1,49 @@
+# dedupsink — every target sets itself up: a fresh clone needs only Python 3.11, Java 17 and make.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.DEFAULT_GOAL := help
+.PHONY: help install lint format test test-fast test-all run bench clean
+
+help: ## Show the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found; set PYTHON=...)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,hdfs]' --config-settings editable_mode=compat
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install dedupsink with its dev tools
+
+lint: $(STAMP) ## ruff (lint + format check) and mypy
+	$(VENV)/bin/ruff check dedupsink tests bench pyspark_dedup.py
+	$(VENV)/bin/ruff format --check dedupsink tests bench pyspark_dedup.py
+	$(VENV)/bin/mypy
+
+format: $(STAMP) ## Apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff check --fix dedupsink tests bench pyspark_dedup.py
+	$(VENV)/bin/ruff format dedupsink tests bench pyspark_dedup.py
+
+test: $(STAMP) ## The whole suite, Spark and cluster tests included (under 15 minutes)
+	$(PY) -m pytest -q -m "not slow"
+
+test-fast: $(STAMP) ## Unit tests only: engine, store, cache, options (no Spark)
+	$(PY) -m pytest -q -m "not spark and not cluster and not slow"
+
+test-all: $(STAMP) ## Everything, the slow fault/soak tests too (what CI runs)
+	$(PY) -m pytest -q
+
+run: $(STAMP) ## Run the demo job (log dedup with 24 h tuple-time expiry) on the shipped sample data
+	$(VENV)/bin/dedupsink run conf/system-logs.conf
+
+bench: $(STAMP) ## Print the engine benchmark figures
+	$(PY) bench/engine_bench.py
+
+clean: ## Remove the venv, outputs and caches
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache build *.egg-info

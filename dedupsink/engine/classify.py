@@ -1,0 +1,251 @@
+"""Classify Arrow record batches of one window into unique / duplicate / expired / error.
+
+The rules are SPEC section 3. A ``WindowClassifier`` serves one task of one window: it
+classifies each record batch of the task against the committed state (the latest point and a
+``KeyIndex`` of remembered keys) and against the keys it has already found new in this window,
+and collects those new keys, bucketed, for the store. Every step is a column operation; the only
+Python loops run over columns, buckets or distinct categories, never over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dedupsink.engine.expiry import ExpiryValues, expiry_values
+from dedupsink.engine.fingerprint import Fingerprints, first_occurrences, fingerprint, key_leaves
+from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.settings import ERROR_COLUMN, Settings, column
+
+UNIQUE, DUPLICATE, EXPIRED, ERROR = 0, 1, 2, 3
+PORTS = ("unique", "duplicate", "expired", "error")
+
+
+class KeyIndex(Protocol):
+    """Committed remembered keys, looked up bucket by bucket (the bucket manager)."""
+
+    def remembered(
+        self, buckets: np.ndarray, fps: Fingerprints, forget_at_or_below: float | None
+    ) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class CommittedState:
+    """What the windows committed before this one left behind."""
+
+    latest: float | None = None
+    categories: Mapping[str, int] = field(default_factory=dict)
+
+    def expiry_point(self, settings: Settings) -> float | None:
+        if self.latest is None or settings.period is None:
+            return None
+        return self.latest - settings.period
+
+
+@dataclass
+class BatchResult:
+    """The port of every row and, for error rows in row order, the reason."""
+
+    ports: np.ndarray
+    error_reasons: pa.Array
+
+    def count(self, port: int) -> int:
+        return int(np.count_nonzero(self.ports == port))
+
+
+@dataclass
+class NewKeys:
+    """Keys first seen in this window by this task, with their buckets and expiry values."""
+
+    h1: np.ndarray
+    h2: np.ndarray
+    buckets: np.ndarray
+    stamps: np.ndarray | None
+
+
+def stamp_dtype(settings: Settings) -> np.dtype | None:
+    if not settings.stores_stamps:
+        return None
+    return np.dtype(np.float64 if settings.stamp_kind == "float" else np.int64)
+
+
+class WindowClassifier:
+    """Classifies the record batches one task receives in one window."""
+
+    def __init__(self, settings: Settings, state: CommittedState, index: KeyIndex) -> None:
+        self.settings = settings
+        self.state = state
+        self.index = index
+        self.expiry_point = state.expiry_point(settings)
+        self._pending = KeySet.empty(None)
+        self._new: list[NewKeys] = []
+        self.new_categories: list[str] = []
+        self._new_category_index: dict[str, int] = {}
+        self.max_stamp: float | None = None
+
+    def classify(self, batch: pa.RecordBatch) -> BatchResult:
+        n = batch.num_rows
+        keys = [column(batch, name) for name in self.settings.keys]
+        reasons = np.full(n, -1, dtype=np.int8)
+        reason_texts: list[str] = []
+
+        def flag(mask: np.ndarray, text: str) -> None:
+            fresh = mask & (reasons < 0)
+            if fresh.any():
+                reasons[fresh] = len(reason_texts)
+                reason_texts.append(text)
+
+        for name, array in zip(self.settings.keys, keys, strict=True):
+            for leaf_name, leaf in _named_leaves(name, array):
+                if leaf.null_count:
+                    flag(
+                        leaf.is_null().to_numpy(zero_copy_only=False),
+                        f"null key column {leaf_name!r}",
+                    )
+        expiry = self._expiry(batch, flag)
+        error = reasons >= 0
+        ports = np.full(n, DUPLICATE, dtype=np.int8)
+        ports[error] = ERROR
+        known = (
+            ~error
+            if expiry is None or expiry.new_category is None
+            else ~error & ~expiry.new_category
+        )
+        if expiry is not None and self.expiry_point is not None:
+            ports[known & (expiry.values <= self.expiry_point)] = EXPIRED
+        if expiry is not None and known.any():
+            top = expiry.values[known].max().item()
+            self.max_stamp = top if self.max_stamp is None else max(self.max_stamp, top)
+        candidates = np.flatnonzero(ports == DUPLICATE)
+        if len(candidates):
+            self._decide(keys, expiry, candidates, ports)
+        texts = pa.array(reason_texts, type=pa.string())
+        return BatchResult(ports, texts.take(pa.array(reasons[error], type=pa.int8())))
+
+    def _expiry(
+        self, batch: pa.RecordBatch, flag: Callable[[np.ndarray, str], None]
+    ) -> ExpiryValues | None:
+        if self.settings.expiry_key is None:
+            return None
+        name = self.settings.expiry_key
+        values = expiry_values(column(batch, name), self.settings, self.state.categories)
+        flag(values.missing, f"null expiry value in {name!r}")
+        flag(
+            values.unreadable, f"expiry value in {name!r} is not a valid {self.settings.mode} value"
+        )
+        jump = self.settings.max_expiry_jump
+        if jump is not None and self.state.latest is not None:
+            ahead = (
+                ~values.missing & ~values.unreadable & (values.values > self.state.latest + jump)
+            )
+            if values.new_category is not None:
+                ahead &= ~values.new_category
+            flag(
+                ahead,
+                f"expiry value in {name!r} is more than maxExpiryJump ahead of the latest point",
+            )
+        return values
+
+    def _decide(
+        self,
+        keys: list[pa.Array],
+        expiry: ExpiryValues | None,
+        candidates: np.ndarray,
+        ports: np.ndarray,
+    ) -> None:
+        fps = fingerprint([array.take(pa.array(candidates)) for array in keys])
+        stamps = None if expiry is None else expiry.values[candidates]
+        if expiry is not None and expiry.new_category is not None:
+            assert expiry.category_codes is not None
+            stamps = self._provisional_ordinals(expiry, candidates, stamps)
+        first = np.flatnonzero(first_occurrences(fps))
+        first_fps = fps.take(first)
+        buckets = self._buckets(first_fps, None if stamps is None else stamps[first])
+        seen = self.index.remembered(buckets, first_fps, self.expiry_point)
+        seen |= self._pending.contains(first_fps)
+        fresh = first[~seen]
+        ports[candidates[fresh]] = UNIQUE
+        new_stamps = None if stamps is None or not self.settings.stores_stamps else stamps[fresh]
+        new = NewKeys(fps.h1[fresh], fps.h2[fresh], buckets[~seen], new_stamps)
+        self._new.append(new)
+        self._pending = self._pending.merge(KeySet.build(new.h1, new.h2, None))
+
+    def _provisional_ordinals(
+        self, expiry: ExpiryValues, candidates: np.ndarray, stamps: np.ndarray
+    ) -> np.ndarray:
+        """New categories get -1, -2, ... in order of first appearance; the commit numbers them."""
+        assert expiry.new_category is not None and expiry.category_codes is not None
+        new_rows = np.flatnonzero(expiry.new_category[candidates])
+        if len(new_rows) == 0:
+            return stamps
+        texts = expiry.category_codes.take(pa.array(candidates[new_rows]))
+        encoded = pc.dictionary_encode(texts)
+        local = []
+        for name in encoded.dictionary.to_pylist():
+            if name not in self._new_category_index:
+                self._new_category_index[name] = len(self.new_categories)
+                self.new_categories.append(name)
+            local.append(-1 - self._new_category_index[name])
+        stamps = stamps.copy()
+        stamps[new_rows] = np.array(local, dtype=np.int64)[np.asarray(encoded.indices)]
+        return stamps
+
+    def _buckets(self, fps: Fingerprints, stamps: np.ndarray | None) -> np.ndarray:
+        count = self.settings.bucket_count
+        if self.settings.buckets_by_time:
+            assert stamps is not None and self.settings.span is not None
+            keys = np.floor_divide(stamps, self.settings.span).astype(np.int64)
+            return np.mod(keys, count).astype(np.int64)
+        return (fps.h1 % np.uint64(count)).astype(np.int64)
+
+    def new_keys(self) -> NewKeys:
+        """All keys this task found new in this window (no fingerprint twice)."""
+        parts = self._new or [
+            NewKeys(np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.int64), None)
+        ]
+        stamps = None
+        if self.settings.stores_stamps:
+            dtype = stamp_dtype(self.settings)
+            stamps = np.concatenate(
+                [p.stamps if p.stamps is not None else np.empty(0, dtype) for p in parts]
+            )
+        return NewKeys(
+            np.concatenate([p.h1 for p in parts]),
+            np.concatenate([p.h2 for p in parts]),
+            np.concatenate([p.buckets for p in parts]),
+            stamps,
+        )
+
+
+def _named_leaves(name: str, array: pa.Array) -> list[tuple[str, pa.Array]]:
+    """Scalar leaves of a key column with their dotted names, for null checks and messages."""
+    if pa.types.is_struct(array.type):
+        named: list[tuple[str, pa.Array]] = []
+        children = array.flatten()
+        for index, child in enumerate(children):
+            named.extend(_named_leaves(f"{name}.{array.type.field(index).name}", child))
+        if array.null_count and not named:
+            named.append((name, array))
+        return named or [(name, array)]
+    return [(name, leaf) for leaf in key_leaves(array)]
+
+
+def split(batch: pa.RecordBatch, result: BatchResult) -> dict[str, pa.RecordBatch]:
+    """The rows of each port that has any; error rows gain the reason column."""
+    out: dict[str, pa.RecordBatch] = {}
+    for port, name in enumerate(PORTS):
+        mask = result.ports == port
+        if not mask.any():
+            continue
+        rows = batch.filter(pa.array(mask)) if not mask.all() else batch
+        if port == ERROR:
+            rows = rows.append_column(
+                pa.field(ERROR_COLUMN, pa.string(), nullable=False), result.error_reasons
+            )
+        out[name] = rows
+    return out

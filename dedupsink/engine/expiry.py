@@ -1,0 +1,104 @@
+"""Expiry values of rows, per mode, as numpy arrays with a mask of rows that have none.
+
+tupleTime: microseconds since the epoch (timestamps, dates, ISO-8601 strings); ordered: the
+number itself (int64, or float64 for floating and decimal columns; NaN and infinities are not
+values); categorical: the ordinal of the category in order of first appearance, known only for
+categories the store has already committed (a new category is newer than the latest point).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dedupsink.engine.settings import Settings
+
+MICROS_PER_DAY = 86_400_000_000
+_ISO_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d")
+
+
+@dataclass
+class ExpiryValues:
+    """Per-row expiry values; ``missing`` rows have none (null or not interpretable)."""
+
+    values: np.ndarray
+    missing: np.ndarray
+    unreadable: np.ndarray  # present but not a value of the domain (bad text, NaN, infinity)
+    new_category: np.ndarray | None = None  # categorical: rows whose category is not yet known
+    category_codes: pa.Array | None = None  # categorical: category text per row
+
+
+def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        micros = array.cast(pa.timestamp("us", tz=kind.tz), safe=False).view(pa.int64())
+        return np.asarray(micros.fill_null(0)), np.zeros(len(array), dtype=bool)
+    if pa.types.is_date(kind):
+        days = np.asarray(array.cast(pa.date32()).view(pa.int32()).fill_null(0), dtype=np.int64)
+        return days * MICROS_PER_DAY, np.zeros(len(array), dtype=bool)
+    parsed = None
+    for layout in _ISO_FORMATS:
+        attempt = pc.strptime(array, format=layout, unit="us", error_is_null=True)
+        parsed = attempt if parsed is None else pc.coalesce(parsed, attempt)
+    assert parsed is not None
+    unreadable = np.asarray(pc.and_(pc.is_null(parsed), pc.is_valid(array)).fill_null(False))
+    return np.asarray(parsed.view(pa.int64()).fill_null(0)), unreadable
+
+
+def _ordered_values(array: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        target = pa.float64() if kind == "float" else pa.int64()
+        converted = _cast_or_null(array, target)
+        unreadable = np.asarray(pc.and_(pc.is_null(converted), pc.is_valid(array)).fill_null(False))
+        array = converted
+    else:
+        unreadable = np.zeros(len(array), dtype=bool)
+    if kind == "float":
+        values = np.asarray(array.cast(pa.float64()).fill_null(0.0), dtype=np.float64)
+        unreadable |= ~np.isfinite(values)
+        return np.where(np.isfinite(values), values, 0.0), unreadable
+    return np.asarray(array.cast(pa.int64()).fill_null(0), dtype=np.int64), unreadable
+
+
+def _cast_or_null(array: pa.Array, target: pa.DataType) -> pa.Array:
+    try:
+        return array.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        # Text with some non-numbers: convert the distinct values one by one (few, not per row).
+        distinct = pc.unique(array)
+        converted = []
+        for value in distinct.to_pylist():
+            try:
+                converted.append(
+                    pa.scalar(value).cast(target).as_py() if value is not None else None
+                )
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                converted.append(None)
+        return pc.take(pa.array(converted, type=target), pc.index_in(array, value_set=distinct))
+
+
+def expiry_values(
+    array: pa.Array, settings: Settings, categories: Mapping[str, int]
+) -> ExpiryValues:
+    """Expiry values of one column for tupleTime, ordered or categorical mode."""
+    missing = array.is_null().to_numpy(zero_copy_only=False)
+    if settings.mode == "tupleTime":
+        values, unreadable = _time_values(array)
+        return ExpiryValues(values, missing, unreadable & ~missing)
+    if settings.mode == "ordered":
+        values, unreadable = _ordered_values(array, settings.stamp_kind)
+        return ExpiryValues(values, missing, unreadable & ~missing)
+    text = array if pa.types.is_string(array.type) else array.cast(pa.string())
+    encoded = pc.dictionary_encode(text)
+    names = encoded.dictionary.to_pylist()
+    # One dictionary lookup per distinct category, not per row.
+    ordinals = np.array([categories.get(name, -1) for name in names] + [-1], dtype=np.int64)
+    codes = np.asarray(encoded.indices.fill_null(len(names)), dtype=np.int64)
+    values = ordinals[codes]
+    new_category = (values < 0) & ~missing
+    unreadable = np.zeros(len(array), dtype=bool)
+    return ExpiryValues(values, missing, unreadable, new_category, text)

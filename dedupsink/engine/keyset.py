@@ -1,0 +1,88 @@
+"""A sorted set of key fingerprints with their expiry values: one bucket's remembered keys.
+
+Kept as three aligned numpy arrays sorted by ``(h1, h2)``, one entry per fingerprint (the
+largest stamp wins), so membership is a vectorised binary search and merging is a sort.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dedupsink.engine.fingerprint import Fingerprints
+
+
+@dataclass(frozen=True)
+class KeySet:
+    h1: np.ndarray
+    h2: np.ndarray
+    stamps: np.ndarray | None  # None where keys carry no expiry value (Basic Dedup)
+
+    @classmethod
+    def empty(cls, stamp_dtype: np.dtype | None) -> KeySet:
+        stamps = None if stamp_dtype is None else np.empty(0, dtype=stamp_dtype)
+        return cls(np.empty(0, np.uint64), np.empty(0, np.uint64), stamps)
+
+    @classmethod
+    def build(cls, h1: np.ndarray, h2: np.ndarray, stamps: np.ndarray | None) -> KeySet:
+        """Sort and drop repeated fingerprints, keeping the largest stamp of each."""
+        if len(h1) == 0:
+            return cls(h1.astype(np.uint64), h2.astype(np.uint64), stamps)
+        sort_keys = (h2, h1) if stamps is None else (stamps, h2, h1)
+        order = np.lexsort(sort_keys)
+        h1, h2 = h1[order], h2[order]
+        stamps = None if stamps is None else stamps[order]
+        # Keep the last entry of each run of equal fingerprints (the largest stamp).
+        last = np.ones(len(h1), dtype=bool)
+        last[:-1] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+        return cls(h1[last], h2[last], None if stamps is None else stamps[last])
+
+    def __len__(self) -> int:
+        return len(self.h1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.h1.nbytes + self.h2.nbytes + (0 if self.stamps is None else self.stamps.nbytes)
+
+    def merge(self, other: KeySet) -> KeySet:
+        if len(other) == 0:
+            return self
+        if len(self) == 0:
+            return other
+        stamps = None
+        if self.stamps is not None and other.stamps is not None:
+            stamps = np.concatenate([self.stamps, other.stamps])
+        return KeySet.build(
+            np.concatenate([self.h1, other.h1]), np.concatenate([self.h2, other.h2]), stamps
+        )
+
+    def alive(self, forget_at_or_below: float | None) -> KeySet:
+        """The keys still remembered once those stamped at or below the expiry point are gone."""
+        if forget_at_or_below is None or self.stamps is None or len(self) == 0:
+            return self
+        keep = self.stamps > forget_at_or_below
+        if keep.all():
+            return self
+        return KeySet(self.h1[keep], self.h2[keep], self.stamps[keep])
+
+    def contains(self, fps: Fingerprints, forget_at_or_below: float | None = None) -> np.ndarray:
+        """For each query fingerprint: is it here with a stamp above the expiry point?"""
+        found = np.zeros(len(fps), dtype=bool)
+        if len(self) == 0 or len(fps) == 0:
+            return found
+        left = np.searchsorted(self.h1, fps.h1, side="left")
+        right = np.searchsorted(self.h1, fps.h1, side="right")
+        single = (right - left) == 1
+        at = np.minimum(left, len(self) - 1)
+        found = single & (self.h2[at] == fps.h2)
+        if forget_at_or_below is not None and self.stamps is not None:
+            found &= self.stamps[at] > forget_at_or_below
+        # Two remembered keys sharing h1 (a 64-bit collision) are rare: check those one by one.
+        for row in np.flatnonzero((right - left) > 1):
+            run = slice(left[row], right[row])
+            hits = self.h2[run] == fps.h2[row]
+            if forget_at_or_below is not None and self.stamps is not None:
+                hits &= self.stamps[run] > forget_at_or_below
+            found[row] = bool(hits.any())
+        return found

@@ -1,0 +1,269 @@
+"""Options resolved against the stream's Arrow schema: the mode, the key and expiry columns.
+
+``resolve`` is where ``keys`` and ``expiryKey`` meet the schema: it finds (possibly nested)
+columns, infers the expiry mode from the expiry column's type, converts periods and spans into
+the expiry domain's units and picks the bucket layout. The result, ``Settings``, is what the
+engine classifies with and what a bucket store records at creation and checks on reopen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from dedupsink.errors import DedupOptionError
+from dedupsink.options import (
+    BUCKET_SPAN,
+    BUCKETS_PER_PERIOD_DEFAULT,
+    EXPIRY_KEY,
+    EXPIRY_MODE,
+    EXPIRY_PERIOD,
+    KEYS,
+    MAX_EXPIRY_JUMP,
+    DedupOptions,
+    Span,
+)
+
+Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical"]
+StampKind = Literal["int", "float"]
+
+ERROR_COLUMN = "_dedup_error"
+TIME_BUCKET_MODES = ("tupleTime", "ordered")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the engine needs; the fields in ``identity()`` must match an existing store."""
+
+    mode: Mode
+    keys: tuple[str, ...]
+    key_types: tuple[str, ...]
+    expiry_key: str | None
+    expiry_type: str | None
+    stamp_kind: StampKind
+    period: float | None
+    span: float | None
+    bucket_count: int
+    max_expiry_jump: float | None = None
+
+    @property
+    def has_expiry(self) -> bool:
+        return self.mode != "basic"
+
+    @property
+    def buckets_by_time(self) -> bool:
+        """tupleTime/ordered bucket by expiry value; the others by key hash (SPEC 4)."""
+        return self.mode in TIME_BUCKET_MODES
+
+    @property
+    def stores_stamps(self) -> bool:
+        """Whether each remembered key carries its own expiry value on disk."""
+        return self.mode in ("tupleTime", "ordered", "categorical")
+
+    def identity(self) -> dict[str, Any]:
+        record = asdict(self)
+        record.pop("max_expiry_jump")
+        record["keys"] = list(self.keys)
+        record["key_types"] = list(self.key_types)
+        return record
+
+
+def find_field(schema: pa.Schema, name: str) -> pa.Field | None:
+    """A top-level field, or a nested one by dotted path ``a.b.c``."""
+    index = schema.get_field_index(name)
+    if index >= 0:
+        return schema.field(index)
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    field: pa.Field | None = schema.field(parts[0]) if parts[0] in schema.names else None
+    for part in parts[1:]:
+        if field is None or not pa.types.is_struct(field.type):
+            return None
+        struct: pa.StructType = field.type
+        position = struct.get_field_index(part)
+        field = struct.field(position) if position >= 0 else None
+    return field
+
+
+def column(batch: pa.RecordBatch, name: str) -> pa.Array:
+    """The array of a top-level or dotted nested column (struct nulls propagate to children)."""
+    index = batch.schema.get_field_index(name)
+    if index >= 0:
+        return batch.column(index)
+    parts = name.split(".")
+    array: pa.Array = batch.column(batch.schema.get_field_index(parts[0]))
+    for part in parts[1:]:
+        array = pa.compute.struct_field(array, [array.type.get_field_index(part)])
+    return array
+
+
+def _supported_key_type(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        return all(_supported_key_type(kind.field(i).type) for i in range(kind.num_fields))
+    return not (
+        pa.types.is_list(kind)
+        or pa.types.is_large_list(kind)
+        or pa.types.is_fixed_size_list(kind)
+        or pa.types.is_map(kind)
+        or pa.types.is_union(kind)
+        or pa.types.is_null(kind)
+    )
+
+
+def _infer_mode(kind: pa.DataType) -> Mode | None:
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        return "tupleTime"
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+        return "ordered"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "categorical"
+    return None
+
+
+def _mode_fits(mode: Mode, kind: pa.DataType) -> bool:
+    is_text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    if mode == "tupleTime":
+        return pa.types.is_timestamp(kind) or pa.types.is_date(kind) or is_text
+    if mode == "ordered":
+        return _infer_mode(kind) == "ordered" or is_text
+    if mode == "categorical":
+        return _supported_key_type(kind) and not pa.types.is_struct(kind)
+    return True
+
+
+def _resolve_keys(
+    options: DedupOptions, schema: pa.Schema
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    names = options.keys if options.keys is not None else tuple(schema.names)
+    types = []
+    for name in names:
+        field = find_field(schema, name)
+        if field is None:
+            raise DedupOptionError(
+                KEYS,
+                ",".join(names),
+                f"columns of the stream; {name!r} is not one of {schema.names}",
+            )
+        if not _supported_key_type(field.type):
+            hint = (
+                ""
+                if options.keys is not None
+                else " (keys defaults to all columns; set keys explicitly)"
+            )
+            raise DedupOptionError(
+                KEYS,
+                ",".join(names),
+                f"columns of comparable types; {name!r} has type {field.type}{hint}",
+            )
+        types.append(str(field.type))
+    return names, tuple(types)
+
+
+def _in_domain(option: str, span: Span, mode: Mode) -> float:
+    if mode in ("tupleTime", "systemTime"):
+        if not span.is_duration:
+            raise DedupOptionError(
+                option, span.text, f"a duration such as '24 hours' with expiryMode={mode}"
+            )
+        return span.micros
+    if span.is_duration:
+        raise DedupOptionError(
+            option, span.text, f"a plain number in the expiry key's units with expiryMode={mode}"
+        )
+    if mode == "categorical" and span.amount != int(span.amount):
+        raise DedupOptionError(
+            option, span.text, "a whole number of categories with expiryMode=categorical"
+        )
+    return int(span.amount) if span.amount == int(span.amount) else span.amount
+
+
+def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
+    """Resolve options against the input schema; errors name the option and the value."""
+    keys, key_types = _resolve_keys(options, schema)
+    mode: Mode = "basic"
+    expiry_type = None
+    stamp_kind: StampKind = "int"
+    if options.expiry_key is not None:
+        field = find_field(schema, options.expiry_key)
+        if field is None:
+            raise DedupOptionError(
+                EXPIRY_KEY, options.expiry_key, f"a column of the stream: one of {schema.names}"
+            )
+        expiry_type = str(field.type)
+        inferred = options.expiry_mode or _infer_mode(field.type)
+        if inferred is None:
+            raise DedupOptionError(
+                EXPIRY_KEY,
+                options.expiry_key,
+                f"a timestamp, date, numeric or string column; it has type {field.type}",
+            )
+        mode = inferred
+        if not _mode_fits(mode, field.type):
+            raise DedupOptionError(
+                EXPIRY_MODE,
+                mode,
+                f"a mode that fits column {options.expiry_key!r} of type {field.type}",
+            )
+        if mode == "ordered" and (
+            pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
+        ):
+            stamp_kind = "float"
+    elif options.expiry_mode == "systemTime":
+        mode = "systemTime"
+    if mode == "basic":
+        return Settings(mode, keys, key_types, None, None, "int", None, None, options.num_buckets)
+    assert options.expiry_period is not None  # guaranteed by DedupOptions.parse
+    period = _in_domain(EXPIRY_PERIOD, options.expiry_period, mode)
+    jump = (
+        _in_domain(MAX_EXPIRY_JUMP, options.max_expiry_jump, mode)
+        if options.max_expiry_jump
+        else None
+    )
+    if mode not in TIME_BUCKET_MODES:
+        if options.bucket_span is not None:
+            raise DedupOptionError(
+                BUCKET_SPAN,
+                options.bucket_span.text,
+                f"no value with expiryMode={mode} (it buckets by key hash; see numBuckets)",
+            )
+        return Settings(
+            mode,
+            keys,
+            key_types,
+            options.expiry_key,
+            expiry_type,
+            stamp_kind,
+            period,
+            None,
+            options.num_buckets,
+            jump,
+        )
+    if options.bucket_span is not None:
+        span = _in_domain(BUCKET_SPAN, options.bucket_span, mode)
+        if span > period:
+            raise DedupOptionError(
+                BUCKET_SPAN,
+                options.bucket_span.text,
+                f"at most the expiry period ({options.expiry_period.text})",
+            )
+    else:
+        span = period / BUCKETS_PER_PERIOD_DEFAULT
+        if stamp_kind == "int":
+            span = max(1.0, math.floor(span))
+    bucket_count = max(1, math.ceil(period / span))
+    return Settings(
+        mode,
+        keys,
+        key_types,
+        options.expiry_key,
+        expiry_type,
+        stamp_kind,
+        period,
+        span,
+        bucket_count,
+        jump,
+    )

@@ -1,0 +1,54 @@
+"""Domain exceptions of dedupsink: every error the product raises on purpose is one of these."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DedupError",
+    "DedupOptionError",
+    "StoreConflictError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreOwnershipError",
+    "StoreSettingsError",
+]
+
+
+class DedupError(Exception):
+    """Base class of all dedupsink errors."""
+
+
+class DedupOptionError(DedupError, ValueError):
+    """An option has a bad value; the message names the option, the value and what is accepted."""
+
+    def __init__(self, option: str, value: object, accepted: str) -> None:
+        self.option = option
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"option {option}={value!r} is invalid: expected {accepted}")
+
+
+class StoreError(DedupError):
+    """The bucket store cannot be read or written."""
+
+
+class StoreCorruptError(StoreError):
+    """A store or port file fails its checksum or cannot be decoded; the message names the file."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(
+            f"corrupt file {path}: {problem}. The store refuses to read it as 'no keys'; "
+            "see 'Recovery' in docs/RELIABILITY.md"
+        )
+
+
+class StoreSettingsError(DedupOptionError):
+    """The options disagree with the settings an existing store was created with."""
+
+
+class StoreOwnershipError(StoreError):
+    """Another live query owns the store."""
+
+
+class StoreConflictError(StoreError):
+    """The store changed under a commit (a concurrent writer); the batch must be re-run."""

@@ -1,0 +1,285 @@
+"""The sink's options: names paired with defaults, tiny typed parsers, one frozen object.
+
+Spark hands a data source its options as strings, case-insensitively. ``DedupOptions.parse``
+turns them into one typed, frozen object, once, on the driver; every error names the option,
+the value and what is accepted. Whatever needs the stream's schema (which columns, which
+mode) is resolved later by :mod:`dedupsink.engine.settings`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from dedupsink.errors import DedupOptionError
+
+ExpiryMode = Literal["tupleTime", "systemTime", "ordered", "categorical"]
+EXPIRY_MODES: tuple[ExpiryMode, ...] = get_args(ExpiryMode)
+
+PATH = "path"
+KEYS = "keys"
+EXPIRY_KEY = "expiryKey"
+EXPIRY_MODE = "expiryMode"
+EXPIRY_PERIOD = "expiryPeriod"
+BUCKET_SPAN = "bucketSpan"
+NUM_BUCKETS = "numBuckets"
+NUM_BUCKETS_DEFAULT = 64
+MAX_CACHED_BUCKETS = "maxCachedBuckets"
+MAX_CACHED_BUCKETS_DEFAULT = 64
+MAX_EXPIRY_JUMP = "maxExpiryJump"
+STORE_PATH = "storePath"
+STORE_DIRNAME_DEFAULT = "_store"
+OUTPUT_FORMAT = "outputFormat"
+OUTPUT_FORMATS = ("parquet",)
+OWNER_TIMEOUT = "ownerTimeout"
+OWNER_TIMEOUT_DEFAULT = "10 minutes"
+
+# A bucket span, when not given, is this fraction of the expiry period: 16 time buckets keep
+# each bucket small while one expiry period of history needs few files per bucket.
+BUCKETS_PER_PERIOD_DEFAULT = 16
+
+SINK_OPTIONS = (
+    PATH,
+    KEYS,
+    EXPIRY_KEY,
+    EXPIRY_MODE,
+    EXPIRY_PERIOD,
+    BUCKET_SPAN,
+    NUM_BUCKETS,
+    MAX_CACHED_BUCKETS,
+    MAX_EXPIRY_JUMP,
+    STORE_PATH,
+    OUTPUT_FORMAT,
+    OWNER_TIMEOUT,
+)
+# Options Spark itself puts in a sink's option map; they are Spark's business, not ours.
+SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname", "__checkpointlocation"})
+
+_UNIT_MICROS = {
+    "us": 1,
+    "microsecond": 1,
+    "ms": 1_000,
+    "millisecond": 1_000,
+    "s": 1_000_000,
+    "sec": 1_000_000,
+    "second": 1_000_000,
+    "m": 60_000_000,
+    "min": 60_000_000,
+    "minute": 60_000_000,
+    "h": 3_600_000_000,
+    "hr": 3_600_000_000,
+    "hour": 3_600_000_000,
+    "d": 86_400_000_000,
+    "day": 86_400_000_000,
+    "w": 604_800_000_000,
+    "week": 604_800_000_000,
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*$")
+_NUMBER = re.compile(r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$")
+DURATION_ACCEPTED = "a duration such as '24 hours', '90 minutes', '30 s' or '500 ms'"
+
+
+@dataclass(frozen=True)
+class Span:
+    """A length as the user wrote it: a duration (held in microseconds) or a plain number."""
+
+    text: str
+    amount: float
+    is_duration: bool
+
+    @property
+    def micros(self) -> int:
+        return int(round(self.amount))
+
+
+def parse_duration(option: str, text: str) -> Span:
+    """Parse ``'24 hours'``-style text into microseconds, naming ``option`` on failure."""
+    match = _DURATION.match(text.lower())
+    if match is None or match.group(2) not in _UNIT_MICROS:
+        raise DedupOptionError(option, text, DURATION_ACCEPTED)
+    micros = float(match.group(1)) * _UNIT_MICROS[match.group(2)]
+    if micros <= 0:
+        raise DedupOptionError(option, text, "a positive " + DURATION_ACCEPTED)
+    return Span(text, micros, is_duration=True)
+
+
+def parse_span(option: str, text: str) -> Span:
+    """A positive number, or a duration; which one a mode needs is checked on resolution."""
+    if _NUMBER.match(text):
+        value = float(text)
+        if not value > 0 or value == float("inf"):
+            raise DedupOptionError(option, text, "a positive number or " + DURATION_ACCEPTED)
+        return Span(text, value, is_duration=False)
+    try:
+        return parse_duration(option, text)
+    except DedupOptionError as exc:
+        raise DedupOptionError(option, text, "a positive number or " + DURATION_ACCEPTED) from exc
+
+
+def parse_positive_int(option: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError as exc:
+        raise DedupOptionError(option, text, "a positive whole number") from exc
+    if value <= 0:
+        raise DedupOptionError(option, text, "a positive whole number")
+    return value
+
+
+def parse_columns(option: str, text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    if not names or any(not name for name in names):
+        raise DedupOptionError(
+            option, text, "a comma-separated list of column names, e.g. 'id' or 'name,phone'"
+        )
+    if len(set(names)) != len(names):
+        raise DedupOptionError(option, text, "column names without repeats")
+    return names
+
+
+def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:
+    for choice in choices:
+        if choice.lower() == text.strip().lower():
+            return choice
+    raise DedupOptionError(option, text, "one of " + ", ".join(choices))
+
+
+@dataclass(frozen=True)
+class DedupOptions:
+    """Every sink option, typed; the defaults pair with the constants above."""
+
+    path: str
+    keys: tuple[str, ...] | None = None
+    expiry_key: str | None = None
+    expiry_mode: ExpiryMode | None = None
+    expiry_period: Span | None = None
+    bucket_span: Span | None = None
+    num_buckets: int = NUM_BUCKETS_DEFAULT
+    max_cached_buckets: int = MAX_CACHED_BUCKETS_DEFAULT
+    max_expiry_jump: Span | None = None
+    store_path: str = ""
+    output_format: str = OUTPUT_FORMATS[0]
+    owner_timeout: Span = field(
+        default_factory=lambda: parse_duration(OWNER_TIMEOUT, OWNER_TIMEOUT_DEFAULT)
+    )
+
+    def __post_init__(self) -> None:
+        if not self.store_path:
+            object.__setattr__(self, "store_path", join_url(self.path, STORE_DIRNAME_DEFAULT))
+
+    @property
+    def has_expiry(self) -> bool:
+        return self.expiry_key is not None or self.expiry_mode == "systemTime"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> DedupOptions:
+        """Parse Spark's string options (any case); unknown options are refused by name."""
+        given = {key.lower(): str(value) for key, value in raw.items()}
+        _refuse_unknown(given)
+
+        def text(name: str) -> str | None:
+            value = given.get(name.lower())
+            return None if value is None or value.strip() == "" else value.strip()
+
+        path = text(PATH)
+        if path is None:
+            raise DedupOptionError(
+                PATH, None, "the output directory URL, e.g. /data/out or hdfs://nn:8020/out"
+            )
+        mode_text = text(EXPIRY_MODE)
+        mode = parse_choice(EXPIRY_MODE, mode_text, EXPIRY_MODES) if mode_text else None
+        values: dict[str, object] = {"path": path.rstrip("/") or "/"}
+        optional_parsers = {
+            KEYS: ("keys", lambda v: parse_columns(KEYS, v)),
+            EXPIRY_KEY: ("expiry_key", lambda v: v),
+            EXPIRY_PERIOD: ("expiry_period", lambda v: parse_span(EXPIRY_PERIOD, v)),
+            BUCKET_SPAN: ("bucket_span", lambda v: parse_span(BUCKET_SPAN, v)),
+            NUM_BUCKETS: ("num_buckets", lambda v: parse_positive_int(NUM_BUCKETS, v)),
+            MAX_CACHED_BUCKETS: (
+                "max_cached_buckets",
+                lambda v: parse_positive_int(MAX_CACHED_BUCKETS, v),
+            ),
+            MAX_EXPIRY_JUMP: ("max_expiry_jump", lambda v: parse_span(MAX_EXPIRY_JUMP, v)),
+            STORE_PATH: ("store_path", lambda v: v.rstrip("/")),
+            OUTPUT_FORMAT: (
+                "output_format",
+                lambda v: parse_choice(OUTPUT_FORMAT, v, OUTPUT_FORMATS),
+            ),
+            OWNER_TIMEOUT: ("owner_timeout", lambda v: parse_duration(OWNER_TIMEOUT, v)),
+        }
+        for option, (attribute, parser) in optional_parsers.items():
+            value = text(option)
+            if value is not None:
+                values[attribute] = parser(value)
+        if mode is not None:
+            values["expiry_mode"] = mode
+        options = cls(**values)  # type: ignore[arg-type]
+        options._check_combinations()
+        return options
+
+    def _check_combinations(self) -> None:
+        if self.expiry_mode not in (None, "systemTime") and self.expiry_key is None:
+            raise DedupOptionError(
+                EXPIRY_KEY,
+                None,
+                f"a column name: expiryMode={self.expiry_mode} needs an expiry key",
+            )
+        if self.expiry_mode == "systemTime" and self.expiry_key is not None:
+            raise DedupOptionError(
+                EXPIRY_KEY,
+                self.expiry_key,
+                "no expiry key with expiryMode=systemTime (it uses batch time)",
+            )
+        if self.has_expiry and self.expiry_period is None:
+            raise DedupOptionError(
+                EXPIRY_PERIOD, None, "a period: it is required with an expiry key or expiryMode"
+            )
+        if not self.has_expiry:
+            for option, value in (
+                (EXPIRY_PERIOD, self.expiry_period),
+                (BUCKET_SPAN, self.bucket_span),
+                (MAX_EXPIRY_JUMP, self.max_expiry_jump),
+            ):
+                if value is not None:
+                    raise DedupOptionError(
+                        option, value.text, "no value without an expiryKey or expiryMode=systemTime"
+                    )
+
+    def to_strings(self) -> dict[str, str]:
+        """The options back as Spark strings (for the CLI and for logs)."""
+        out = {PATH: self.path, STORE_PATH: self.store_path, NUM_BUCKETS: str(self.num_buckets)}
+        out[MAX_CACHED_BUCKETS] = str(self.max_cached_buckets)
+        out[OUTPUT_FORMAT] = self.output_format
+        out[OWNER_TIMEOUT] = self.owner_timeout.text
+        if self.keys is not None:
+            out[KEYS] = ",".join(self.keys)
+        for option, value in (
+            (EXPIRY_KEY, self.expiry_key),
+            (EXPIRY_MODE, self.expiry_mode),
+            (EXPIRY_PERIOD, self.expiry_period.text if self.expiry_period else None),
+            (BUCKET_SPAN, self.bucket_span.text if self.bucket_span else None),
+            (MAX_EXPIRY_JUMP, self.max_expiry_jump.text if self.max_expiry_jump else None),
+        ):
+            if value is not None:
+                out[option] = value
+        return out
+
+
+def _refuse_unknown(given: Mapping[str, str]) -> None:
+    known = {name.lower(): name for name in SINK_OPTIONS}
+    for name in given:
+        if name in known or name in SPARK_OPTIONS:
+            continue
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f" (did you mean {known[close[0]]}?)" if close else ""
+        raise DedupOptionError(
+            name, given[name], "a known option" + hint + ": " + ", ".join(SINK_OPTIONS)
+        )
+
+
+def join_url(base: str, *parts: str) -> str:
+    """Join URL or path segments with '/', whatever the filesystem."""
+    return "/".join([base.rstrip("/"), *(part.strip("/") for part in parts)])

@@ -1,0 +1,378 @@
+"""The driver's commit of one window: a new store version, then publication of the ports.
+
+Order of operations, each step safe to crash after:
+
+1. Recognise a batch already committed (a re-run after the sink commit): finish its
+   publication if needed and drop the re-run's staged files.
+2. Check the owner lease and that every task classified against the latest version.
+3. Settle keys that several partitions each found new in this window: the lowest partition
+   keeps its row as unique, the others' copies move to ``duplicate`` (the only case in which
+   the driver reads rows; hash-partitioning the input by key avoids it).
+4. Write the next manifest: new window files and segments, the latest point, expired window
+   files dropped, the owner lease, this (query, batch) and the publication plan. Once it is
+   visible the window is committed.
+5. Publish: move staged files into the ports, write Spark's sink log, mark published.
+6. Collect garbage: staged leftovers, window files dropped two versions ago, old manifests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.engine.fingerprint import Fingerprints, fingerprint
+from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.settings import column
+from dedupsink.errors import StoreConflictError, StoreError
+from dedupsink.store.format import Manifest, PortState, Segment, WindowFile, decode_segment
+from dedupsink.store.store import BucketStore, now_ms
+from dedupsink.sink.ports import Output, PortFile, port_schema
+from dedupsink.sink.task import SinkPlan, TaskSummary, check_owner
+
+log = logging.getLogger("dedupsink")
+
+_KEEP_QUERIES = 32
+_ORPHAN_SWEEP_EVERY = 16
+
+
+@dataclass
+class CommitReport:
+    """What a commit did, for the log line and for tests."""
+
+    window: int
+    batch_id: int
+    query_id: str
+    counts: dict[str, int] = field(default_factory=dict)
+    already_committed: bool = False
+    cross_partition_duplicates: int = 0
+    store_files: int = 0
+    store_bytes: int = 0
+    remembered: int = 0
+    cache_hit_rate: float | None = None
+
+    def line(self) -> str:
+        ports = " ".join(f"{port}={self.counts.get(port, 0)}" for port in PORTS)
+        hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
+        return (
+            f"dedup window {self.window} (batch {self.batch_id}): {ports} | store {self.store_files} files "
+            f"{self.store_bytes / 1e6:.1f} MB {self.remembered} keys | cache hits {hit}"
+        )
+
+
+def commit_window(
+    plan: SinkPlan, summaries: Sequence[TaskSummary | None], batch_id: int
+) -> CommitReport | None:
+    done = [s for s in summaries if s is not None]
+    if not done:
+        return None
+    query_id = done[0].identity.query_id
+    store, output = plan.store, plan.output
+    manifest = store.read() or store.open(plan.settings)
+    finish_publication(store, output, manifest)
+    token = done[0].identity.token
+    if any(s.skipped for s in done) or manifest.queries.get(query_id, -1) >= batch_id:
+        output.remove_staging(token)
+        log.info(
+            "dedup batch %s of query %s was already committed; re-run discarded", batch_id, query_id
+        )
+        return CommitReport(manifest.version, batch_id, query_id, already_committed=True)
+    check_owner(manifest, query_id, plan.options.owner_timeout.micros // 1000, store.url)
+    stale = sorted({s.base_version for s in done if s.base_version != manifest.version})
+    if stale:
+        raise StoreConflictError(
+            f"store {store.url} moved to version {manifest.version} while batch {batch_id} was classified "
+            f"against version(s) {stale}; another writer is active. The batch will be re-run."
+        )
+    done.sort(key=lambda s: s.identity.partition)
+    demoted = settle_cross_partition_keys(plan, store, output, done)
+    nxt = next_manifest(plan, manifest, done, query_id, batch_id, demoted)
+    store.commit(nxt)
+    finish_publication(store, output, nxt)
+    output.remove_staging(token)
+    store.collect_garbage(nxt)
+    if nxt.version % _ORPHAN_SWEEP_EVERY == 0:
+        store.remove_orphans(nxt, keep=set())
+    report = _report(nxt, done, query_id, batch_id, store, demoted)
+    log.info(report.line())
+    return report
+
+
+def finish_publication(store: BucketStore, output: Output, manifest: Manifest) -> None:
+    """Publish a committed version's ports if a crash interrupted it (idempotent)."""
+    if manifest.publish is None or store.is_published(manifest.version):
+        return
+    output.publish(manifest.publish)
+    store.mark_published(manifest.version)
+
+
+# -- step 3: keys found new by more than one partition -------------------------------------
+
+
+def _new_keys_of(store: BucketStore, summary: TaskSummary) -> Fingerprints:
+    assert summary.window_file is not None
+    path = store.data_path(summary.window_file.name)
+    data = store.fs.cat_file(path)
+    h1, h2 = [], []
+    for segment in summary.segments.values():
+        raw = data[segment.offset : segment.offset + segment.length]
+        decoded = decode_segment(raw, segment, _stamp_dtype_of(summary, segment, raw), path)
+        h1.append(decoded.h1)
+        h2.append(decoded.h2)
+    return Fingerprints(np.concatenate(h1), np.concatenate(h2))
+
+
+def _stamp_dtype_of(summary: TaskSummary, segment: Segment, raw: bytes) -> np.dtype | None:
+    # Stamps are present when the segment is three words per key; their type does not matter here.
+    return np.dtype(np.int64) if segment.length == 24 * segment.count else None
+
+
+def settle_cross_partition_keys(
+    plan: SinkPlan, store: BucketStore, output: Output, done: list[TaskSummary]
+) -> int:
+    """Demote to duplicate the rows of keys a lower partition also found new; returns how many."""
+    holders = [s for s in done if s.window_file is not None]
+    if len(holders) < 2:
+        return 0
+    keys = [_new_keys_of(store, s) for s in holders]
+    owner = np.concatenate([np.full(len(k), i, dtype=np.int64) for i, k in enumerate(keys)])
+    h1 = np.concatenate([k.h1 for k in keys])
+    h2 = np.concatenate([k.h2 for k in keys])
+    order = np.lexsort((owner, h2, h1))
+    same_as_previous = np.zeros(len(order), dtype=bool)
+    same_as_previous[1:] = (h1[order][1:] == h1[order][:-1]) & (h2[order][1:] == h2[order][:-1])
+    losers = order[same_as_previous]
+    if len(losers) == 0:
+        return 0
+    for index, summary in enumerate(holders):
+        mine = losers[owner[losers] == index]
+        if len(mine):
+            lost = KeySet.build(h1[mine], h2[mine], None)
+            _demote_rows(plan, output, summary, lost)
+            assert summary.window_file is not None
+            summary.window_file.keys -= len(mine)
+    return len(losers)
+
+
+def _demote_rows(plan: SinkPlan, output: Output, summary: TaskSummary, lost: KeySet) -> None:
+    """Rewrite this task's unique files without the demoted rows, which go to duplicate."""
+    kept: list[PortFile] = []
+    for record in summary.files:
+        if record.port != "unique":
+            kept.append(record)
+            continue
+        table = output.read_table(record.path)
+        batch = table.combine_chunks().to_batches()[0] if table.num_rows else None
+        if batch is None:
+            kept.append(record)
+            continue
+        fps = fingerprint([column(batch, name) for name in plan.settings.keys])
+        moved = lost.contains(fps)
+        identity = summary.identity
+        for port, mask in (("unique", ~moved), ("duplicate", moved)):
+            if mask.any():
+                relative = output.new_staging_file(
+                    identity.token, port, identity.partition, identity.attempt
+                )
+                output.write_table(relative, batch.filter(pa.array(mask)))
+                kept.append(PortFile(port, relative, int(mask.sum())))
+        summary.counts["unique"] -= int(moved.sum())
+        summary.counts["duplicate"] += int(moved.sum())
+    summary.files = kept
+
+
+# -- step 4: the next manifest -------------------------------------------------------------
+
+
+def next_manifest(
+    plan: SinkPlan,
+    manifest: Manifest,
+    done: list[TaskSummary],
+    query_id: str,
+    batch_id: int,
+    demoted: int,
+) -> Manifest:
+    settings = plan.settings
+    window = manifest.version + 1
+    nxt = Manifest(
+        version=window,
+        store_id=manifest.store_id,
+        settings=manifest.settings,
+        committed_ms=now_ms(),
+        latest=manifest.latest,
+        categories=list(manifest.categories),
+        files=dict(manifest.files),
+        buckets={bucket: list(segments) for bucket, segments in manifest.buckets.items()},
+        owner={"query": query_id, "heartbeat_ms": now_ms()},
+        queries=_recent_queries(manifest.queries, query_id, batch_id),
+        tombstones=list(manifest.tombstones),
+        ports={port: PortState(**vars(state)) for port, state in manifest.ports.items()},
+        totals=dict(manifest.totals),
+    )
+    for summary in done:
+        for name in summary.new_categories:
+            if name not in nxt.categories:
+                nxt.categories.append(name)
+    ordinals = nxt.category_ordinals()
+    new_keys = 0
+    for summary in done:
+        wf = summary.window_file
+        if wf is None:
+            continue
+        if settings.mode == "systemTime":
+            wf.max_stamp = None  # set below, once the window time is known
+        elif wf.local_categories:
+            top = max(ordinals[name] for name in wf.local_categories)
+            wf.max_stamp = top if wf.max_stamp is None else max(wf.max_stamp, top)
+        nxt.files[wf.name] = wf
+        for bucket, segment in summary.segments.items():
+            nxt.buckets.setdefault(bucket, []).append(segment)
+        new_keys += wf.keys
+    nxt.latest = _latest_point(plan, manifest, done, nxt)
+    if settings.mode == "systemTime":
+        for summary in done:
+            if summary.window_file is not None:
+                summary.window_file.max_stamp = nxt.latest
+    dropped = _drop_expired_files(plan, nxt)
+    counts = {port: sum(s.counts.get(port, 0) for s in done) for port in PORTS}
+    nxt.totals["remembered"] = nxt.totals.get("remembered", 0) + new_keys - dropped
+    nxt.totals["windows"] = nxt.totals.get("windows", 0) + 1
+    for port in PORTS:
+        nxt.totals[port] = nxt.totals.get(port, 0) + counts[port]
+    nxt.last_window = {
+        "window": window,
+        "query": query_id,
+        "batch": batch_id,
+        "counts": counts,
+        "new_keys": new_keys,
+        "cross_partition_duplicates": demoted,
+        "dropped_keys": dropped,
+        "task_seconds": round(sum(s.seconds for s in done), 3),
+    }
+    nxt.publish = _publication_plan(plan, nxt, done, window)
+    return nxt
+
+
+def _recent_queries(queries: dict[str, int], query_id: str, batch_id: int) -> dict[str, int]:
+    recent = {q: b for q, b in queries.items() if q != query_id}
+    recent[query_id] = batch_id
+    return dict(list(recent.items())[-_KEEP_QUERIES:])
+
+
+def _latest_point(
+    plan: SinkPlan, manifest: Manifest, done: list[TaskSummary], nxt: Manifest
+) -> float | None:
+    mode = plan.settings.mode
+    if mode == "basic":
+        return None
+    if mode == "categorical":
+        return len(nxt.categories) - 1 if nxt.categories else None
+    if mode == "systemTime":
+        now_us = int(time.time() * 1_000_000)
+        previous = manifest.latest
+        return now_us if previous is None else max(now_us, int(previous) + 1)
+    stamps = [s.max_stamp for s in done if s.max_stamp is not None]
+    if manifest.latest is not None:
+        stamps.append(manifest.latest)
+    return max(stamps) if stamps else None
+
+
+def _drop_expired_files(plan: SinkPlan, nxt: Manifest) -> int:
+    """Forget whole window files whose newest key is at or below the expiry point."""
+    if nxt.latest is None or plan.settings.period is None:
+        return 0
+    expiry_point = nxt.latest - plan.settings.period
+    expired = [
+        wf for wf in nxt.files.values() if wf.max_stamp is not None and wf.max_stamp <= expiry_point
+    ]
+    dropped = 0
+    for wf in expired:
+        del nxt.files[wf.name]
+        for bucket in wf.buckets:
+            remaining = [s for s in nxt.buckets.get(bucket, []) if s.file != wf.name]
+            if remaining:
+                nxt.buckets[bucket] = remaining
+            else:
+                nxt.buckets.pop(bucket, None)
+        nxt.tombstones.append((wf.name, nxt.version))
+        dropped += wf.keys
+    live = {name for name, version in nxt.tombstones if version + 2 > nxt.version}
+    nxt.tombstones = [(name, version) for name, version in nxt.tombstones if name in live]
+    return dropped
+
+
+def _publication_plan(
+    plan: SinkPlan, nxt: Manifest, done: list[TaskSummary], window: int
+) -> dict[str, Any]:
+    output = plan.output
+    moves: list[list[str]] = []
+    logs: dict[str, list[Any]] = {}
+    token = done[0].identity.token
+    for port in PORTS:
+        state = nxt.ports.setdefault(port, PortState())
+        targets: list[str] = []
+        records = [r for s in done for r in s.files if r.port == port and r.rows > 0]
+        if not records and state.files == 0:
+            # A port is readable with its schema from the first window on, even with no rows.
+            staged = f"{output.staging(token)}/{port}/pschema-0.parquet"
+            output.write_table(staged, port_schema(port, plan.schema).empty_table())
+            records = [PortFile(port, staged, 0)]
+        for index, record in enumerate(records):
+            partition = record.path.rsplit("/", 1)[-1].split("-")[0]
+            target = f"{port}/part-{window:010d}-{partition}-{index:03d}.parquet"
+            moves.append([record.path, target])
+            targets.append(target)
+            state.rows += record.rows
+        state.files += len(targets)
+        logs[port] = [state.next_log, targets]
+        state.next_log += 1
+    return {"window": window, "token": token, "moves": moves, "logs": logs}
+
+
+def _report(
+    nxt: Manifest,
+    done: list[TaskSummary],
+    query_id: str,
+    batch_id: int,
+    store: BucketStore,
+    demoted: int,
+) -> CommitReport:
+    hits = sum(s.cache.hits for s in done if s.cache)
+    misses = sum(s.cache.misses for s in done if s.cache)
+    files = len(nxt.files)
+    nbytes = sum(wf.nbytes for wf in nxt.files.values())
+    return CommitReport(
+        window=nxt.version,
+        batch_id=batch_id,
+        query_id=query_id,
+        counts=dict(nxt.last_window["counts"]),
+        cross_partition_duplicates=demoted,
+        store_files=files,
+        store_bytes=nbytes,
+        remembered=nxt.remembered_keys,
+        cache_hit_rate=hits / (hits + misses) if hits + misses else None,
+    )
+
+
+def release(store: BucketStore, query_id: str | None = None) -> Manifest | None:
+    """Give up the owner lease (after a clean stop) so another query may take the store at once."""
+    manifest = store.read()
+    if manifest is None or manifest.owner is None:
+        return manifest
+    if query_id is not None and manifest.owner.get("query") != query_id:
+        raise StoreError(
+            f"store {store.url} is owned by query {manifest.owner.get('query')}, not {query_id}"
+        )
+    released = Manifest.from_bytes(manifest.to_bytes(), store.manifest_path(manifest.version))
+    released.version = manifest.version + 1
+    released.owner = None
+    released.publish = None
+    released.committed_ms = now_ms()
+    store.commit(released)
+    return released

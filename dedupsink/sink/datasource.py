@@ -1,0 +1,80 @@
+"""The Spark data source ``dedup``: the only module of dedupsink that imports pyspark.
+
+``DedupDataSource.streamWriter`` runs on the driver before the first batch: it parses and
+resolves the options against the stream's schema, opens (or creates) the bucket store, checks
+its settings and finishes any publication a crash interrupted, so a bad option ends the query
+before anything is written. The writer it returns is pickled to the executors, where ``write``
+learns the window (query id, batch id) from the task context and runs ``run_task``; the driver
+runs ``commit`` on a fresh copy each batch, which is why no state lives on the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from dedupsink.engine.settings import resolve
+from dedupsink.errors import DedupError
+from dedupsink.options import DedupOptions
+from dedupsink.sink.commit import commit_window, finish_publication
+from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, run_task
+
+log = logging.getLogger("dedupsink")
+
+
+class DedupCommitMessage(WriterCommitMessage):
+    """A task's summary on its way to the driver."""
+
+    def __init__(self, summary: TaskSummary) -> None:
+        self.summary = summary
+
+
+class DedupStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, plan: SinkPlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DedupCommitMessage:
+        return DedupCommitMessage(run_task(self.plan, current_task(), iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
+        commit_window(self.plan, summaries, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Staged files stay invisible; the next commit of this batch or a later sweep removes them.
+        log.warning("dedup batch %s aborted; nothing was published", batchId)
+
+
+def current_task() -> TaskIdentity:
+    """The window and attempt of the running task, from Spark's task context."""
+    context = TaskContext.get()
+    if context is None:
+        raise DedupError("the dedup sink's write() must run inside a Spark task")
+    batch_id = context.getLocalProperty("streaming.sql.batchId")
+    query_id = context.getLocalProperty("sql.streaming.queryId")
+    if batch_id is None or query_id is None:
+        raise DedupError("the dedup sink is a streaming sink: use df.writeStream.format('dedup')")
+    return TaskIdentity(query_id, int(batch_id), context.partitionId(), context.attemptNumber())
+
+
+class DedupDataSource(DataSource):
+    """``df.writeStream.format("dedup")``: split each micro-batch into four ports."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "dedup"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
+        options = DedupOptions.parse(dict(self.options))
+        arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        settings = resolve(options, arrow_schema)
+        plan = SinkPlan(options, settings, arrow_schema)
+        manifest = plan.store.open(settings)
+        finish_publication(plan.store, plan.output, manifest)
+        return DedupStreamWriter(plan)

@@ -1,0 +1,159 @@
+"""One task of one window, on an executor: classify its rows and stage its outputs.
+
+``run_task`` reads the store's latest committed manifest, classifies each Arrow record batch
+through this process's bucket manager, writes the rows of each port to staged Parquet files,
+writes the keys it found new as one window file, and returns a small ``TaskSummary`` for the
+driver's commit. Nothing it writes is visible until that commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, split, stamp_dtype
+from dedupsink.engine.settings import Settings
+from dedupsink.errors import StoreOwnershipError
+from dedupsink.options import DedupOptions
+from dedupsink.store.cache import CacheInfo, manager_for
+from dedupsink.store.format import Manifest, Segment, WindowFile, encode_segments
+from dedupsink.store.store import BucketStore, now_ms, window_file_name
+from dedupsink.sink.ports import Output, PortFile, PortWriters
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    """Everything tasks and commits need; built once on the driver and pickled with the writer."""
+
+    options: DedupOptions
+    settings: Settings
+    schema: pa.Schema
+
+    @property
+    def store(self) -> BucketStore:
+        return BucketStore(self.options.store_path)
+
+    @property
+    def output(self) -> Output:
+        return Output(self.options.path)
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Where a task stands: Spark's query id, batch id, partition and attempt."""
+
+    query_id: str
+    batch_id: int
+    partition: int
+    attempt: int
+
+    @property
+    def token(self) -> str:
+        return f"{self.query_id}-{self.batch_id}"
+
+
+@dataclass
+class TaskSummary:
+    """What one task reports to the commit: small, whatever the number of rows."""
+
+    identity: TaskIdentity
+    base_version: int
+    skipped: bool = False
+    files: list[PortFile] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    window_file: WindowFile | None = None
+    segments: dict[int, Segment] = field(default_factory=dict)
+    max_stamp: float | None = None
+    new_categories: list[str] = field(default_factory=list)
+    cache: CacheInfo | None = None
+    seconds: float = 0.0
+
+
+def check_owner(manifest: Manifest, query_id: str, timeout_ms: int, url: str) -> None:
+    """Refuse to work on a store another query holds a live lease on."""
+    owner = manifest.owner
+    if not owner or owner.get("query") == query_id:
+        return
+    age_ms = now_ms() - int(owner.get("heartbeat_ms", 0))
+    if age_ms < timeout_ms:
+        raise StoreOwnershipError(
+            f"store {url} is owned by streaming query {owner.get('query')} (last commit {age_ms / 1000:.0f}s ago). "
+            f"Stop that query, or if it is already gone wait {max(0, timeout_ms - age_ms) / 1000:.0f}s for "
+            f"its lease (ownerTimeout) to lapse, or run: dedupsink release {url}"
+        )
+
+
+def run_task(
+    plan: SinkPlan, identity: TaskIdentity, batches: Iterator[pa.RecordBatch]
+) -> TaskSummary:
+    started = time.perf_counter()
+    store, settings = plan.store, plan.settings
+    manifest = store.read()
+    if manifest is None:
+        manifest = store.open(settings)
+    summary = TaskSummary(identity, manifest.version)
+    if manifest.queries.get(identity.query_id, -1) >= identity.batch_id:
+        summary.skipped = True  # a re-run of a committed batch: its outputs already exist
+        return summary
+    check_owner(manifest, identity.query_id, plan.options.owner_timeout.micros // 1000, store.url)
+    manager = manager_for(store, manifest, plan.options.max_cached_buckets, stamp_dtype(settings))
+    state = CommittedState(manifest.latest, manifest.category_ordinals())
+    classifier = WindowClassifier(settings, state, manager)
+    writers = PortWriters(plan.output, identity.token, identity.partition, identity.attempt)
+    counts = dict.fromkeys(PORTS, 0)
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            result = classifier.classify(batch)
+            for port, rows in split(batch, result).items():
+                writers.write(port, rows)
+                counts[port] += rows.num_rows
+        summary.files = writers.close()
+    except BaseException:
+        writers.discard()
+        raise
+    summary.counts = counts
+    summary.max_stamp = classifier.max_stamp
+    summary.new_categories = classifier.new_categories
+    _write_new_keys(store, manifest, classifier, identity, summary)
+    summary.cache = manager.cache.info()
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _write_new_keys(
+    store: BucketStore,
+    manifest: Manifest,
+    classifier: WindowClassifier,
+    identity: TaskIdentity,
+    summary: TaskSummary,
+) -> None:
+    new = classifier.new_keys()
+    if len(new.h1) == 0:
+        return
+    window = manifest.version + 1
+    name = window_file_name(window, identity.partition)
+    data, segments = encode_segments(new.buckets, new.h1, new.h2, new.stamps, name)
+    store.write_window_file(name, data)
+    file_max = None
+    if new.stamps is not None:
+        # Provisional (negative) category numbers are resolved by the commit.
+        known = (
+            new.stamps[new.stamps >= 0] if classifier.settings.mode == "categorical" else new.stamps
+        )
+        file_max = known.max().item() if len(known) else None
+    summary.window_file = WindowFile(
+        name=name,
+        window=window,
+        partition=identity.partition,
+        keys=len(new.h1),
+        nbytes=len(data),
+        buckets=sorted(segments),
+        max_stamp=file_max,
+        local_categories=list(classifier.new_categories),
+    )
+    summary.segments = segments

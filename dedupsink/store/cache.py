@@ -1,0 +1,187 @@
+"""The bucket manager: an LRU cache of decoded buckets in front of the bucket store.
+
+One manager lives in each executor Python process per store and survives between micro-batches
+(Spark reuses its Python workers), so a warm bucket costs nothing but the segments committed
+since it was loaded. A cached bucket remembers which segments it was built from; on a newer
+manifest only the missing segments are fetched and merged. Segments that left the index belong
+to expired window files (their keys are at or below the expiry point, so the stamp check at
+lookup already ignores them) or were compacted into a segment that is fetched in their place,
+so a cached bucket never answers differently from one built afresh. Only segments referenced by
+a committed manifest are ever loaded: uncommitted state is never served.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.keyset import KeySet
+from dedupsink.store.format import Manifest, Segment, decode_segment
+from dedupsink.store.store import BucketStore
+
+
+class CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    evictions: int
+    size: int
+    capacity: int
+
+
+@dataclass
+class CachedBucket:
+    keys: KeySet
+    segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+
+
+class BucketCache:
+    """A thread-safe LRU of buckets, bounded by a number of buckets."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[int, CachedBucket] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+
+    def get(self, bucket: int) -> CachedBucket | None:
+        with self._lock:
+            entry = self._entries.get(bucket)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(bucket)
+            self.hits += 1
+            return entry
+
+    def put(self, bucket: int, entry: CachedBucket) -> None:
+        with self._lock:
+            self._entries[bucket] = entry
+            self._entries.move_to_end(bucket)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+                self.evictions += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(
+                self.hits, self.misses, self.evictions, len(self._entries), self.capacity
+            )
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(entry.keys.nbytes for entry in self._entries.values())
+
+
+class BucketManager:
+    """Answers "is this key remembered?" for one committed manifest, through the cache."""
+
+    def __init__(
+        self, store: BucketStore, cache: BucketCache, stamp_dtype: np.dtype | None
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.stamp_dtype = stamp_dtype
+        self.manifest: Manifest | None = None
+
+    def use(self, manifest: Manifest) -> BucketManager:
+        self.manifest = manifest
+        return self
+
+    def remembered(
+        self, buckets: np.ndarray, fps: Fingerprints, forget_at_or_below: float | None
+    ) -> np.ndarray:
+        found = np.zeros(len(fps), dtype=bool)
+        if len(fps) == 0:
+            return found
+        order = np.argsort(buckets, kind="stable")
+        distinct, starts = np.unique(buckets[order], return_index=True)
+        ends = [*starts[1:].tolist(), len(order)]
+        wanted = distinct.tolist()
+        # Fetch at most a cache-full of buckets at a time so capacity bounds memory.
+        for first in range(0, len(wanted), self.cache.capacity):
+            chunk = wanted[first : first + self.cache.capacity]
+            loaded = self.load(chunk, forget_at_or_below)
+            for offset, bucket in enumerate(chunk):
+                rows = order[starts[first + offset] : ends[first + offset]]
+                found[rows] = loaded[bucket].contains(fps.take(rows), forget_at_or_below)
+        return found
+
+    def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, KeySet]:
+        """The committed keys of these buckets, fetching missing segments in parallel."""
+        assert self.manifest is not None, "use(manifest) before lookups"
+        entries: dict[int, CachedBucket] = {}
+        missing: list[tuple[int, Segment]] = []
+        for bucket in buckets:
+            entry = self.cache.get(bucket) or CachedBucket(KeySet.empty(self.stamp_dtype))
+            entries[bucket] = entry
+            for segment in self.manifest.buckets.get(bucket, []):
+                if segment.ident not in entry.segments:
+                    missing.append((bucket, segment))
+        fetched = self.store.fetch([segment for _, segment in missing])
+        additions: dict[int, list[tuple[Segment, KeySet]]] = {}
+        for (bucket, segment), raw in zip(missing, fetched, strict=True):
+            additions.setdefault(bucket, []).append((segment, self._decode(raw, segment)))
+        result: dict[int, KeySet] = {}
+        for bucket, entry in entries.items():
+            added = additions.get(bucket, [])
+            if added:
+                keys = entry.keys
+                for _, part in added:
+                    keys = keys.merge(part)
+                keys = keys.alive(forget_at_or_below)
+                live = {s.ident for s in self.manifest.buckets.get(bucket, [])}
+                entry = CachedBucket(keys, frozenset(live))
+            self.cache.put(bucket, entry)
+            result[bucket] = entry.keys
+        return result
+
+    def _decode(self, raw: bytes, segment: Segment) -> KeySet:
+        assert self.manifest is not None
+        decoded = decode_segment(raw, segment, self.stamp_dtype, self.store.data_path(segment.file))
+        stamps = decoded.stamps
+        window_file = self.manifest.files[segment.file]
+        if stamps is not None and window_file.local_categories:
+            stamps = _resolve_categories(stamps, window_file.local_categories, self.manifest)
+        if stamps is None and self.manifest.settings.get("mode") == "systemTime":
+            # systemTime keys carry the time of the window that stored them: the file's stamp.
+            stamps = np.full(decoded.h1.shape, window_file.max_stamp, dtype=np.int64)
+        return KeySet.build(decoded.h1, decoded.h2, stamps)
+
+
+def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest) -> np.ndarray:
+    """Replace a file's provisional category numbers (-1, -2, ...) with committed ordinals."""
+    ordinals = manifest.category_ordinals()
+    table = np.array([ordinals[name] for name in local], dtype=np.int64)
+    provisional = stamps < 0
+    if not provisional.any():
+        return stamps
+    resolved = stamps.copy()
+    resolved[provisional] = table[-1 - stamps[provisional]]
+    return resolved
+
+
+_managers: dict[tuple[str, str], BucketManager] = {}
+_managers_lock = threading.Lock()
+
+
+def manager_for(
+    store: BucketStore, manifest: Manifest, capacity: int, stamp_dtype: np.dtype | None
+) -> BucketManager:
+    """This process's manager for a store (keyed by the store's unique id, not just its URL)."""
+    key = (store.url, manifest.store_id)
+    with _managers_lock:
+        manager = _managers.get(key)
+        if manager is None or manager.cache.capacity != capacity:
+            manager = BucketManager(store, BucketCache(capacity), stamp_dtype)
+            _managers[key] = manager
+    return manager.use(manifest)

@@ -1,0 +1,193 @@
+"""The bucket store's on-disk format: manifests (the three indexes) and window files.
+
+A *window file* holds the keys one task found new in one window, bucket after bucket, so one
+bucket's keys are one range read: per segment ``h1[n] | h2[n] | stamps[n]`` as little-endian
+64-bit words (stamps only in modes where each key carries its own expiry value).
+
+A *manifest* is one committed version of the store: msgpack behind a 16-byte header
+(``DSM1``, CRC-32 of the payload, payload length). It holds the settings, the latest point, the
+bucket positions (bucket -> segments), the window files with their buckets and max expiry
+values, the owner lease, the query/batch ids already committed, the port publication plan of
+its window and counters. Every field is a plain msgpack type so tools can read it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from dedupsink.errors import StoreCorruptError
+
+MANIFEST_MAGIC = b"DSM1"
+WINDOW_MAGIC = b"DSWIN001"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<4sIQ")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One bucket's keys inside one window file."""
+
+    file: str
+    offset: int
+    length: int
+    count: int
+    crc: int
+
+    @property
+    def ident(self) -> tuple[str, int]:
+        return (self.file, self.offset)
+
+
+@dataclass
+class WindowFile:
+    """A window file with its window, buckets, max expiry value and (systemTime) window time."""
+
+    name: str
+    window: int
+    partition: int
+    keys: int
+    nbytes: int
+    buckets: list[int]
+    max_stamp: float | None = None
+    local_categories: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PortState:
+    next_log: int = 0
+    files: int = 0
+    rows: int = 0
+
+
+@dataclass
+class Manifest:
+    """One committed version of the store."""
+
+    version: int
+    store_id: str
+    settings: dict[str, Any]
+    committed_ms: int
+    latest: float | None = None
+    categories: list[str] = field(default_factory=list)
+    files: dict[str, WindowFile] = field(default_factory=dict)
+    buckets: dict[int, list[Segment]] = field(default_factory=dict)
+    owner: dict[str, Any] | None = None
+    queries: dict[str, int] = field(default_factory=dict)
+    tombstones: list[tuple[str, int]] = field(default_factory=list)
+    ports: dict[str, PortState] = field(default_factory=dict)
+    publish: dict[str, Any] | None = None
+    last_window: dict[str, Any] = field(default_factory=dict)
+    totals: dict[str, int] = field(default_factory=dict)
+    format: int = FORMAT_VERSION
+
+    @property
+    def remembered_keys(self) -> int:
+        return self.totals.get("remembered", 0)
+
+    def category_ordinals(self) -> dict[str, int]:
+        return {name: index for index, name in enumerate(self.categories)}
+
+    def to_bytes(self) -> bytes:
+        record = asdict(self)
+        record["buckets"] = {
+            bucket: [[s.file, s.offset, s.length, s.count, s.crc] for s in segments]
+            for bucket, segments in self.buckets.items()
+        }
+        record["tombstones"] = [list(t) for t in self.tombstones]
+        payload = msgpack.packb(record, use_bin_type=True)
+        return _HEADER.pack(MANIFEST_MAGIC, zlib.crc32(payload), len(payload)) + payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> Manifest:
+        if len(data) < _HEADER.size:
+            raise StoreCorruptError(path, f"manifest is {len(data)} bytes, shorter than its header")
+        magic, crc, length = _HEADER.unpack_from(data)
+        payload = data[_HEADER.size :]
+        if magic != MANIFEST_MAGIC:
+            raise StoreCorruptError(path, "not a dedupsink manifest (bad magic)")
+        if len(payload) != length:
+            raise StoreCorruptError(path, f"manifest truncated: {len(payload)} of {length} bytes")
+        if zlib.crc32(payload) != crc:
+            raise StoreCorruptError(path, "manifest checksum mismatch")
+        try:
+            record = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            return cls._from_record(record)
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+            raise StoreCorruptError(path, f"manifest cannot be decoded: {exc}") from exc
+
+    @classmethod
+    def _from_record(cls, record: dict[str, Any]) -> Manifest:
+        record["files"] = {name: WindowFile(**info) for name, info in record["files"].items()}
+        record["buckets"] = {
+            int(bucket): [Segment(*entry) for entry in segments]
+            for bucket, segments in record["buckets"].items()
+        }
+        record["tombstones"] = [tuple(t) for t in record["tombstones"]]
+        record["ports"] = {port: PortState(**state) for port, state in record["ports"].items()}
+        return cls(**record)
+
+
+@dataclass(frozen=True)
+class DecodedSegment:
+    h1: np.ndarray
+    h2: np.ndarray
+    stamps: np.ndarray | None
+
+
+def encode_segments(
+    buckets: np.ndarray,
+    h1: np.ndarray,
+    h2: np.ndarray,
+    stamps: np.ndarray | None,
+    file_name: str,
+) -> tuple[bytes, dict[int, Segment]]:
+    """Lay out new keys bucket after bucket; returns the file bytes and each bucket's segment."""
+    order = np.argsort(buckets, kind="stable")
+    buckets, h1, h2 = buckets[order], h1[order], h2[order]
+    stamps = None if stamps is None else stamps[order]
+    distinct, starts = np.unique(buckets, return_index=True)
+    ends = [*starts[1:].tolist(), len(buckets)]
+    chunks = [WINDOW_MAGIC]
+    offset = len(WINDOW_MAGIC)
+    segments: dict[int, Segment] = {}
+    for bucket, start, end in zip(distinct.tolist(), starts.tolist(), ends, strict=True):
+        parts = [h1[start:end].astype("<u8").tobytes(), h2[start:end].astype("<u8").tobytes()]
+        if stamps is not None:
+            parts.append(stamps[start:end].astype(stamps.dtype.newbyteorder("<")).tobytes())
+        body = b"".join(parts)
+        segments[int(bucket)] = Segment(file_name, offset, len(body), end - start, zlib.crc32(body))
+        chunks.append(body)
+        offset += len(body)
+    return b"".join(chunks), segments
+
+
+def decode_segment(
+    raw: bytes, segment: Segment, stamp_dtype: np.dtype | None, path: str
+) -> DecodedSegment:
+    """Decode one segment, checking its length and checksum against the index."""
+    if len(raw) != segment.length:
+        raise StoreCorruptError(
+            path, f"segment at {segment.offset} is {len(raw)} bytes, index says {segment.length}"
+        )
+    if zlib.crc32(raw) != segment.crc:
+        raise StoreCorruptError(path, f"segment at {segment.offset} fails its checksum")
+    n = segment.count
+    width = 2 + (stamp_dtype is not None)
+    if segment.length != 8 * n * width:
+        raise StoreCorruptError(
+            path, f"segment at {segment.offset} has a length that fits no layout"
+        )
+    words = np.frombuffer(raw, dtype="<u8")
+    stamps = None
+    if stamp_dtype is not None:
+        stamps = np.frombuffer(
+            raw, dtype=np.dtype(stamp_dtype).newbyteorder("<"), offset=16 * n, count=n
+        )
+        stamps = stamps.astype(stamp_dtype)
+    return DecodedSegment(words[:n].astype(np.uint64), words[n : 2 * n].astype(np.uint64), stamps)

@@ -1,0 +1,250 @@
+"""The bucket store: versioned manifests and window files on any fsspec filesystem.
+
+Layout under the store root::
+
+    _log/<version:012d>.manifest    one immutable manifest per committed version (last 16 kept)
+    _log/<version:012d>.published   marker: the version's port files are published
+    data/<window file>.keys          window files (immutable; named w<window>-p<partition>-<id>)
+
+Only whole-file writes, ranged reads, listing, a file rename and deletes are used: nothing a
+remote filesystem lacks. A version becomes visible when its manifest appears under its final
+name (written aside, then renamed), so a crash at any point leaves the previous version intact;
+files a new version no longer references are deleted two versions later, so a reader of an
+older version is not disturbed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import fsspec
+
+from dedupsink.engine.settings import Settings
+from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreError, StoreSettingsError
+from dedupsink.options import BUCKET_SPAN, EXPIRY_KEY, EXPIRY_MODE, EXPIRY_PERIOD, KEYS, NUM_BUCKETS
+from dedupsink.store.format import Manifest, Segment
+
+LOG_DIR = "_log"
+DATA_DIR = "data"
+MANIFEST_SUFFIX = ".manifest"
+PUBLISHED_SUFFIX = ".published"
+KEEP_MANIFESTS = 16
+TOMBSTONE_GRACE_VERSIONS = 2
+_FETCH_THREADS = 8
+_SETTING_OPTIONS = {
+    "mode": EXPIRY_MODE,
+    "keys": KEYS,
+    "key_types": KEYS,
+    "expiry_key": EXPIRY_KEY,
+    "expiry_type": EXPIRY_KEY,
+    "stamp_kind": EXPIRY_KEY,
+    "period": EXPIRY_PERIOD,
+    "span": BUCKET_SPAN,
+    "bucket_count": NUM_BUCKETS,
+}
+_fetch_pool: ThreadPoolExecutor | None = None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _fetch_pool
+    if _fetch_pool is None:
+        _fetch_pool = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="dedup-fetch")
+    return _fetch_pool
+
+
+class BucketStore:
+    """A store at one URL; pickles as that URL so it travels to executors."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = storage_options or {}
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self.root = self.root.rstrip("/")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (BucketStore, (self.url, self.storage_options))
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def manifest_path(self, version: int) -> str:
+        return self.path(LOG_DIR, f"{version:012d}{MANIFEST_SUFFIX}")
+
+    def data_path(self, name: str) -> str:
+        return self.path(DATA_DIR, name)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def versions(self) -> list[int]:
+        """Committed versions still on disk, oldest first."""
+        try:
+            names = self.fs.ls(self.path(LOG_DIR), detail=False)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            if base.endswith(MANIFEST_SUFFIX) and base[: -len(MANIFEST_SUFFIX)].isdigit():
+                found.append(int(base[: -len(MANIFEST_SUFFIX)]))
+        return sorted(found)
+
+    def read(self, version: int | None = None) -> Manifest | None:
+        """A committed manifest (the latest by default); None for an empty store."""
+        if version is None:
+            versions = self.versions()
+            if not versions:
+                return None
+            version = versions[-1]
+        path = self.manifest_path(version)
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        return Manifest.from_bytes(data, path)
+
+    def fetch(self, segments: Sequence[Segment]) -> list[bytes]:
+        """Read segments (range reads), several window files in parallel."""
+
+        def one(segment: Segment) -> bytes:
+            path = self.data_path(segment.file)
+            try:
+                data: bytes = self.fs.cat_file(
+                    path, start=segment.offset, end=segment.offset + segment.length
+                )
+            except FileNotFoundError as exc:
+                raise StoreCorruptError(
+                    path, "window file referenced by the index is missing"
+                ) from exc
+            return data
+
+        if len(segments) <= 1:
+            return [one(s) for s in segments]
+        return list(_pool().map(one, segments))
+
+    # -- creating and checking -------------------------------------------------------------
+
+    def open(self, settings: Settings) -> Manifest:
+        """The latest manifest, creating the store on first use; settings must match."""
+        manifest = self.read()
+        if manifest is None:
+            manifest = Manifest(0, uuid.uuid4().hex, settings.identity(), now_ms())
+            try:
+                self.commit(manifest)
+            except StoreConflictError:
+                manifest = self.read()
+                if manifest is None:
+                    raise
+        check_settings(manifest.settings, settings.identity(), self.url)
+        return manifest
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write_window_file(self, name: str, data: bytes) -> None:
+        self.fs.makedirs(self.path(DATA_DIR), exist_ok=True)
+        self.fs.pipe_file(self.data_path(name), data)
+
+    def commit(self, manifest: Manifest) -> None:
+        """Make ``manifest`` the visible version: written aside, then renamed into place."""
+        final = self.manifest_path(manifest.version)
+        self.fs.makedirs(self.path(LOG_DIR), exist_ok=True)
+        if self.fs.exists(final):
+            raise StoreConflictError(
+                f"store {self.url} already has version {manifest.version}; another writer committed first"
+            )
+        staged = self.path(LOG_DIR, f".{manifest.version:012d}-{uuid.uuid4().hex}.tmp")
+        self.fs.pipe_file(staged, manifest.to_bytes())
+        try:
+            self.fs.mv(staged, final)
+        except OSError:
+            self._remove_quietly([staged])
+            raise
+
+    def is_published(self, version: int) -> bool:
+        return bool(self.fs.exists(self.path(LOG_DIR, f"{version:012d}{PUBLISHED_SUFFIX}")))
+
+    def mark_published(self, version: int) -> None:
+        self.fs.pipe_file(self.path(LOG_DIR, f"{version:012d}{PUBLISHED_SUFFIX}"), b"")
+
+    def collect_garbage(self, manifest: Manifest) -> list[str]:
+        """Delete tombstoned window files past their grace, old manifests and stray temp files."""
+        due = [
+            name
+            for name, dropped in manifest.tombstones
+            if dropped + TOMBSTONE_GRACE_VERSIONS <= manifest.version
+        ]
+        self._remove_quietly([self.data_path(name) for name in due])
+        versions = self.versions()
+        old = [v for v in versions if v <= manifest.version - KEEP_MANIFESTS]
+        stale = []
+        for version in old:
+            stale.append(self.manifest_path(version))
+            stale.append(self.path(LOG_DIR, f"{version:012d}{PUBLISHED_SUFFIX}"))
+        self._remove_quietly(stale)
+        return due
+
+    def remove_orphans(self, manifest: Manifest, keep: set[str]) -> int:
+        """Delete window files of earlier windows that no version references (failed attempts)."""
+        try:
+            names = [
+                n.rstrip("/").rsplit("/", 1)[-1]
+                for n in self.fs.ls(self.path(DATA_DIR), detail=False)
+            ]
+        except FileNotFoundError:
+            return 0
+        referenced = set(manifest.files) | {name for name, _ in manifest.tombstones} | keep
+        orphans = [n for n in names if n not in referenced and _window_of(n) <= manifest.version]
+        self._remove_quietly([self.data_path(n) for n in orphans])
+        return len(orphans)
+
+    def _remove_quietly(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+
+    def disk_usage(self) -> tuple[int, int]:
+        """(number of window files, bytes) under data/."""
+        try:
+            infos = self.fs.ls(self.path(DATA_DIR), detail=True)
+        except FileNotFoundError:
+            return 0, 0
+        return len(infos), sum(int(info.get("size") or 0) for info in infos)
+
+
+def _window_of(name: str) -> int:
+    """The window number in a window file name ``w<window>-p<partition>-<id>.keys``."""
+    head = name.split("-", 1)[0]
+    return int(head[1:]) if head.startswith("w") and head[1:].isdigit() else -1
+
+
+def window_file_name(window: int, partition: int) -> str:
+    return f"w{window:010d}-p{partition:05d}-{uuid.uuid4().hex[:12]}.keys"
+
+
+def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -> None:
+    """Refuse options that contradict the settings the store was created with."""
+    for name, option in _SETTING_OPTIONS.items():
+        if recorded.get(name) != wanted.get(name):
+            if name == "key_types":
+                changed = [
+                    f"{key}: {old} -> {new}"
+                    for key, old, new in zip(
+                        wanted["keys"], recorded.get(name) or [], wanted[name], strict=False
+                    )
+                    if old != new
+                ]
+                accepted = f"the column types the store at {url} was created with (changed: {', '.join(changed)})"
+            else:
+                accepted = f"{recorded.get(name)!r}, the value the store at {url} was created with"
+            raise StoreSettingsError(option, wanted.get(name), accepted)
+    if recorded.get("mode") is None:
+        raise StoreError(f"store {url} has no recorded settings")

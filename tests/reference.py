@@ -1,0 +1,108 @@
+"""A deliberately simple, row-by-row model of SPEC section 3, to check the real thing against.
+
+It holds every remembered key in a dict and walks rows one at a time: slow and obvious. Rows
+are dicts; ``key`` returns the key tuple (None if any part is null), ``value`` the expiry
+value (None if null, ``BAD`` if it cannot be interpreted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+BAD = object()
+UNIQUE, DUPLICATE, EXPIRED, ERROR = "unique", "duplicate", "expired", "error"
+
+
+@dataclass
+class ReferenceDedup:
+    """mode: basic, tupleTime, ordered, categorical or systemTime; period in the value's units."""
+
+    mode: str
+    period: float | None = None
+    max_jump: float | None = None
+    remembered: dict[Hashable, float | None] = field(default_factory=dict)
+    latest: float | None = None
+    categories: list[Any] = field(default_factory=list)
+
+    def expiry_point(self) -> float | None:
+        if self.latest is None or self.period is None:
+            return None
+        return self.latest - self.period
+
+    def window(
+        self,
+        rows: Sequence[dict[str, Any]],
+        key: Callable[[dict[str, Any]], Hashable | None],
+        value: Callable[[dict[str, Any]], Any] = lambda row: None,
+        window_time: float | None = None,
+    ) -> list[str]:
+        """Classify one window's rows in order; returns the port of each row."""
+        expiry_point = self.expiry_point()
+        if expiry_point is not None and self.mode != "basic":
+            self.remembered = {
+                k: s for k, s in self.remembered.items() if s is None or s > expiry_point
+            }
+        seen_now: set[Hashable] = set()
+        ports: list[str] = []
+        window_max: float | None = None
+        new_categories: list[Any] = []
+        for row in rows:
+            k = key(row)
+            v = value(row) if self.mode in ("tupleTime", "ordered", "categorical") else None
+            if k is None:
+                ports.append(ERROR)
+                continue
+            if self.mode in ("tupleTime", "ordered", "categorical"):
+                if v is None or v is BAD or (isinstance(v, float) and not math.isfinite(v)):
+                    ports.append(ERROR)
+                    continue
+            stamp: float | None = None
+            if self.mode == "categorical":
+                if v in self.categories:
+                    stamp = self.categories.index(v)
+                else:
+                    if v not in new_categories:
+                        new_categories.append(v)
+                    stamp = len(self.categories) + new_categories.index(v)
+            elif self.mode in ("tupleTime", "ordered"):
+                stamp = v
+            elif self.mode == "systemTime":
+                stamp = window_time
+            is_new_category = self.mode == "categorical" and v not in self.categories
+            if (
+                self.max_jump is not None
+                and self.latest is not None
+                and stamp is not None
+                and not is_new_category
+                and self.mode != "systemTime"
+                and stamp > self.latest + self.max_jump
+            ):
+                ports.append(ERROR)
+                continue
+            if stamp is not None and self.mode != "systemTime":
+                window_max = stamp if window_max is None else max(window_max, stamp)
+            if (
+                expiry_point is not None
+                and stamp is not None
+                and not is_new_category
+                and stamp <= expiry_point
+            ):
+                ports.append(EXPIRED)
+                continue
+            if k in seen_now or k in self.remembered:
+                ports.append(DUPLICATE)
+                continue
+            seen_now.add(k)
+            self.remembered[k] = stamp
+            ports.append(UNIQUE)
+        self.categories.extend(new_categories)
+        if self.mode == "systemTime":
+            window_max = window_time
+        if window_max is not None and self.mode != "basic":
+            self.latest = window_max if self.latest is None else max(self.latest, window_max)
+        if self.mode == "categorical" and self.categories:
+            self.latest = len(self.categories) - 1
+        return ports
