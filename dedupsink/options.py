@@ -77,7 +77,7 @@ _UNIT_MICROS = {
     "w": 604_800_000_000,
     "week": 604_800_000_000,
 }
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 _NUMBER = re.compile(r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$")
 DURATION_ACCEPTED = "a duration such as '24 hours', '90 minutes', '30 s' or '500 ms'"
 
@@ -98,9 +98,12 @@ class Span:
 def parse_duration(option: str, text: str) -> Span:
     """Parse ``'24 hours'``-style text into microseconds, naming ``option`` on failure."""
     match = _DURATION.match(text.lower())
-    if match is None or match.group(2) not in _UNIT_MICROS:
+    unit = match.group(2) if match else ""
+    if unit not in _UNIT_MICROS and unit.endswith("s"):
+        unit = unit[:-1]  # a plural ("hours"); "ms" and "us" are units themselves
+    if match is None or unit not in _UNIT_MICROS:
         raise DedupOptionError(option, text, DURATION_ACCEPTED)
-    micros = float(match.group(1)) * _UNIT_MICROS[match.group(2)]
+    micros = float(match.group(1)) * _UNIT_MICROS[unit]
     if micros <= 0:
         raise DedupOptionError(option, text, "a positive " + DURATION_ACCEPTED)
     return Span(text, micros, is_duration=True)

@@ -1,6 +1,6 @@
 """A sorted set of key fingerprints with their expiry values: one bucket's remembered keys.
 
-Kept as three aligned numpy arrays sorted by ``(h1, h2)``, one entry per fingerprint (the
+Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the
 largest stamp wins), so membership is a vectorised binary search and merging is a sort.
 """
 
@@ -25,18 +25,45 @@ class KeySet:
         return cls(np.empty(0, np.uint64), np.empty(0, np.uint64), stamps)
 
     @classmethod
-    def build(cls, h1: np.ndarray, h2: np.ndarray, stamps: np.ndarray | None) -> KeySet:
-        """Sort and drop repeated fingerprints, keeping the largest stamp of each."""
+    def build(
+        cls, h1: np.ndarray, h2: np.ndarray, stamps: np.ndarray | None, runs: bool = False
+    ) -> KeySet:
+        """Sort by h1 and drop repeated fingerprints, keeping the largest stamp of each.
+
+        ``runs`` says the input is a few sorted runs back to back (a merge), where numpy's
+        stable sort merges in linear time; random input sorts faster with quicksort.
+        """
         if len(h1) == 0:
             return cls(h1.astype(np.uint64), h2.astype(np.uint64), stamps)
-        sort_keys = (h2, h1) if stamps is None else (stamps, h2, h1)
-        order = np.lexsort(sort_keys)
+        order = np.argsort(h1, kind="stable" if runs else "quicksort")
         h1, h2 = h1[order], h2[order]
         stamps = None if stamps is None else stamps[order]
-        # Keep the last entry of each run of equal fingerprints (the largest stamp).
-        last = np.ones(len(h1), dtype=bool)
-        last[:-1] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
-        return cls(h1[last], h2[last], None if stamps is None else stamps[last])
+        repeated = h1[1:] == h1[:-1]
+        if repeated.any():
+            return cls._settle_repeats(h1, h2, stamps, repeated)
+        return cls(h1, h2, stamps)
+
+    @classmethod
+    def _settle_repeats(
+        cls, h1: np.ndarray, h2: np.ndarray, stamps: np.ndarray | None, repeated: np.ndarray
+    ) -> KeySet:
+        """Rows sharing h1 (the same key seen twice, or a 64-bit collision): order them by
+        (h1, h2, stamp) and keep the last of each equal fingerprint."""
+        in_run = np.zeros(len(h1), dtype=bool)
+        in_run[1:] |= repeated
+        in_run[:-1] |= repeated
+        rows = np.flatnonzero(in_run)
+        sort_keys = (h2[rows], h1[rows]) if stamps is None else (stamps[rows], h2[rows], h1[rows])
+        rows = rows[np.lexsort(sort_keys)]
+        last = np.ones(len(rows), dtype=bool)
+        last[:-1] = (h1[rows][1:] != h1[rows][:-1]) | (h2[rows][1:] != h2[rows][:-1])
+        keep = np.concatenate([np.flatnonzero(~in_run), rows[last]])
+        keep.sort(kind="stable")
+        # keep is in position order, and positions are sorted by h1 except inside the runs,
+        # which were re-ordered by (h2, stamp): re-sort the few run rows by position order.
+        order = np.argsort(h1[keep], kind="stable")
+        keep = keep[order]
+        return cls(h1[keep], h2[keep], None if stamps is None else stamps[keep])
 
     def __len__(self) -> int:
         return len(self.h1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import column
 from dedupsink.errors import StoreConflictError, StoreError
 from dedupsink.store.format import Manifest, PortState, Segment, WindowFile, decode_segment
-from dedupsink.store.store import BucketStore, now_ms
+from dedupsink.store.store import TOMBSTONE_GRACE_VERSIONS, BucketStore, now_ms
 from dedupsink.sink.ports import Output, PortFile, port_schema
 from dedupsink.sink.task import SinkPlan, TaskSummary, check_owner
 
@@ -211,7 +211,12 @@ def next_manifest(
         buckets={bucket: list(segments) for bucket, segments in manifest.buckets.items()},
         owner={"query": query_id, "heartbeat_ms": now_ms()},
         queries=_recent_queries(manifest.queries, query_id, batch_id),
-        tombstones=list(manifest.tombstones),
+        # Tombstones due at the previous version were deleted by its garbage collection.
+        tombstones=[
+            (name, dropped)
+            for name, dropped in manifest.tombstones
+            if dropped + TOMBSTONE_GRACE_VERSIONS >= window
+        ],
         ports={port: PortState(**vars(state)) for port, state in manifest.ports.items()},
         totals=dict(manifest.totals),
     )
@@ -233,7 +238,9 @@ def next_manifest(
         nxt.files[wf.name] = wf
         for bucket, segment in summary.segments.items():
             nxt.buckets.setdefault(bucket, []).append(segment)
-        new_keys += wf.keys
+        new_keys += summary.new_keys
+    for summary in done:
+        _apply_compaction(nxt, summary)
     nxt.latest = _latest_point(plan, manifest, done, nxt)
     if settings.mode == "systemTime":
         for summary in done:
@@ -241,7 +248,7 @@ def next_manifest(
                 summary.window_file.max_stamp = nxt.latest
     dropped = _drop_expired_files(plan, nxt)
     counts = {port: sum(s.counts.get(port, 0) for s in done) for port in PORTS}
-    nxt.totals["remembered"] = nxt.totals.get("remembered", 0) + new_keys - dropped
+    nxt.totals["remembered"] = sum(s.count for segments in nxt.buckets.values() for s in segments)
     nxt.totals["windows"] = nxt.totals.get("windows", 0) + 1
     for port in PORTS:
         nxt.totals[port] = nxt.totals.get(port, 0) + counts[port]
@@ -257,6 +264,25 @@ def next_manifest(
     }
     nxt.publish = _publication_plan(plan, nxt, done, window)
     return nxt
+
+
+def _apply_compaction(nxt: Manifest, summary: TaskSummary) -> None:
+    """A compacted segment replaces the segments it folded; files left with none are dropped."""
+    for bucket, replaced in summary.supersedes.items():
+        folded = {tuple(ident) for ident in replaced}
+        kept, gone = [], []
+        for segment in nxt.buckets.get(bucket, []):
+            (gone if segment.ident in folded else kept).append(segment)
+        nxt.buckets[bucket] = kept
+        for segment in gone:
+            wf = nxt.files.get(segment.file)
+            if wf is None:
+                continue
+            remaining = [b for b in wf.buckets if b != bucket]
+            nxt.files[segment.file] = replace(wf, buckets=remaining)
+            if not remaining:
+                del nxt.files[segment.file]
+                nxt.tombstones.append((segment.file, nxt.version))
 
 
 def _recent_queries(queries: dict[str, int], query_id: str, batch_id: int) -> dict[str, int]:
@@ -302,8 +328,6 @@ def _drop_expired_files(plan: SinkPlan, nxt: Manifest) -> int:
                 nxt.buckets.pop(bucket, None)
         nxt.tombstones.append((wf.name, nxt.version))
         dropped += wf.keys
-    live = {name for name, version in nxt.tombstones if version + 2 > nxt.version}
-    nxt.tombstones = [(name, version) for name, version in nxt.tombstones if name in live]
     return dropped
 
 

@@ -12,13 +12,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, split, stamp_dtype
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreOwnershipError
 from dedupsink.options import DedupOptions
-from dedupsink.store.cache import CacheInfo, manager_for
+from dedupsink.engine.keyset import KeySet
+from dedupsink.store.cache import BucketManager, CacheInfo, manager_for
 from dedupsink.store.format import Manifest, Segment, WindowFile, encode_segments
 from dedupsink.store.store import BucketStore, now_ms, window_file_name
 from dedupsink.sink.ports import Output, PortFile, PortWriters
@@ -68,8 +70,11 @@ class TaskSummary:
     segments: dict[int, Segment] = field(default_factory=dict)
     max_stamp: float | None = None
     new_categories: list[str] = field(default_factory=list)
+    new_keys: int = 0
+    supersedes: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     cache: CacheInfo | None = None
     seconds: float = 0.0
+    classify_seconds: float = 0.0
 
 
 def check_owner(manifest: Manifest, query_id: str, timeout_ms: int, url: str) -> None:
@@ -84,6 +89,27 @@ def check_owner(manifest: Manifest, query_id: str, timeout_ms: int, url: str) ->
             f"Stop that query, or if it is already gone wait {max(0, timeout_ms - age_ms) / 1000:.0f}s for "
             f"its lease (ownerTimeout) to lapse, or run: dedupsink release {url}"
         )
+
+
+# Spark hands Arrow batches of 10,000 rows; classifying fewer, larger batches pays the
+# per-bucket lookup overhead less often, at a bounded memory cost.
+COALESCE_ROWS = 131_072
+
+
+def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Regroup record batches into batches of at least ``rows`` rows (the last may be short)."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
 def run_task(
@@ -105,10 +131,10 @@ def run_task(
     writers = PortWriters(plan.output, identity.token, identity.partition, identity.attempt)
     counts = dict.fromkeys(PORTS, 0)
     try:
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
+        for batch in coalesce(batches, COALESCE_ROWS):
+            tick = time.perf_counter()
             result = classifier.classify(batch)
+            summary.classify_seconds += time.perf_counter() - tick
             for port, rows in split(batch, result).items():
                 writers.write(port, rows)
                 counts[port] += rows.num_rows
@@ -119,10 +145,36 @@ def run_task(
     summary.counts = counts
     summary.max_stamp = classifier.max_stamp
     summary.new_categories = classifier.new_categories
-    _write_new_keys(store, manifest, classifier, identity, summary)
+    compacted = _compaction(manager, manifest, classifier, identity)
+    _write_new_keys(store, manifest, classifier, identity, summary, compacted)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+# A bucket whose keys are spread over more than this many segments is compacted: folded into
+# one segment, so the index and a cold bucket's reads stay bounded however long the history.
+COMPACT_ABOVE_SEGMENTS = 8
+COMPACT_BUCKETS_PER_WINDOW = 8
+
+
+def _compaction(
+    manager: BucketManager, manifest: Manifest, classifier: WindowClassifier, identity: TaskIdentity
+) -> dict[int, tuple[KeySet, list[tuple[str, int]]]]:
+    """Partition 0 (present in every window) compacts the most fragmented buckets, a few a window."""
+    if identity.partition != 0:
+        return {}
+    crowded = sorted(
+        (b for b, segments in manifest.buckets.items() if len(segments) > COMPACT_ABOVE_SEGMENTS),
+        key=lambda b: -len(manifest.buckets[b]),
+    )[:COMPACT_BUCKETS_PER_WINDOW]
+    if not crowded:
+        return {}
+    loaded = manager.load(crowded, classifier.expiry_point)
+    return {
+        bucket: (loaded[bucket].alive(classifier.expiry_point), [s.ident for s in manifest.buckets[bucket]])
+        for bucket in crowded
+    }
 
 
 def _write_new_keys(
@@ -131,26 +183,33 @@ def _write_new_keys(
     classifier: WindowClassifier,
     identity: TaskIdentity,
     summary: TaskSummary,
+    compacted: dict[int, tuple[KeySet, list[tuple[str, int]]]],
 ) -> None:
     new = classifier.new_keys()
-    if len(new.h1) == 0:
+    summary.new_keys = len(new.h1)
+    h1, h2, buckets, stamps = new.h1, new.h2, new.buckets, new.stamps
+    for bucket, (keys, replaced) in compacted.items():
+        h1, h2 = np.concatenate([h1, keys.h1]), np.concatenate([h2, keys.h2])
+        buckets = np.concatenate([buckets, np.full(len(keys), bucket, dtype=np.int64)])
+        if stamps is not None and keys.stamps is not None:
+            stamps = np.concatenate([stamps, keys.stamps.astype(stamps.dtype)])
+        summary.supersedes[bucket] = replaced
+    if len(h1) == 0:
         return
     window = manifest.version + 1
     name = window_file_name(window, identity.partition)
-    data, segments = encode_segments(new.buckets, new.h1, new.h2, new.stamps, name)
+    data, segments = encode_segments(buckets, h1, h2, stamps, name)
     store.write_window_file(name, data)
     file_max = None
-    if new.stamps is not None:
+    if stamps is not None:
         # Provisional (negative) category numbers are resolved by the commit.
-        known = (
-            new.stamps[new.stamps >= 0] if classifier.settings.mode == "categorical" else new.stamps
-        )
+        known = stamps[stamps >= 0] if classifier.settings.mode == "categorical" else stamps
         file_max = known.max().item() if len(known) else None
     summary.window_file = WindowFile(
         name=name,
         window=window,
         partition=identity.partition,
-        keys=len(new.h1),
+        keys=len(h1),
         nbytes=len(data),
         buckets=sorted(segments),
         max_stamp=file_max,

@@ -123,10 +123,15 @@ class BucketManager:
         missing: list[tuple[int, Segment]] = []
         for bucket in buckets:
             entry = self.cache.get(bucket) or CachedBucket(KeySet.empty(self.stamp_dtype))
+            live = self.manifest.buckets.get(bucket, [])
+            fresh = [s for s in live if s.ident not in entry.segments]
+            stale = entry.segments - {s.ident for s in live}
+            if stale and 2 * sum(s.count for s in fresh) >= len(entry.keys):
+                # The bucket was compacted: re-reading it beats merging every key twice.
+                entry = CachedBucket(KeySet.empty(self.stamp_dtype))
+                fresh = live
             entries[bucket] = entry
-            for segment in self.manifest.buckets.get(bucket, []):
-                if segment.ident not in entry.segments:
-                    missing.append((bucket, segment))
+            missing.extend((bucket, segment) for segment in fresh)
         fetched = self.store.fetch([segment for _, segment in missing])
         additions: dict[int, list[tuple[Segment, KeySet]]] = {}
         for (bucket, segment), raw in zip(missing, fetched, strict=True):

@@ -1,0 +1,354 @@
+"""Options: ``DedupOptions.parse`` and ``engine.settings.resolve`` against Arrow schemas.
+
+Covers case-insensitive option names, durations and numbers, defaults (all columns as the key,
+nested ``a.b`` keys, inferred modes, bucket layout) and that every refused option raises a
+``DedupOptionError`` naming the option, the bad value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from dedupsink.engine.settings import Settings, resolve
+from dedupsink.errors import DedupOptionError
+from dedupsink.options import DedupOptions, parse_duration
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("ts", pa.timestamp("us")),
+        ("day", pa.date32()),
+        ("seq", pa.int64()),
+        ("score", pa.float64()),
+        ("category", pa.string()),
+        ("flag", pa.bool_()),
+        ("tags", pa.list_(pa.string())),
+        ("attrs", pa.map_(pa.string(), pa.int32())),
+        ("customer", pa.struct([("id", pa.int64()), ("name", pa.string())])),
+    ]
+)
+SCALAR_SCHEMA = pa.schema([("id", pa.string()), ("seq", pa.int64()), ("ts", pa.timestamp("ms"))])
+
+
+def settings_of(raw: dict[str, str], schema: pa.Schema = SCHEMA) -> Settings:
+    return resolve(DedupOptions.parse({"path": "/out", **raw}), schema)
+
+
+def option_error(raw: dict[str, str], schema: pa.Schema = SCHEMA) -> DedupOptionError:
+    with pytest.raises(DedupOptionError) as caught:
+        resolve(DedupOptions.parse(raw), schema)
+    return caught.value
+
+
+def assert_names(error: DedupOptionError, option: str, value: object, *accepted: str) -> None:
+    """The error names the option and the value, and says what would have been accepted."""
+    message = str(error)
+    assert error.option == option
+    assert error.value == value
+    assert option in message
+    if value is not None:
+        assert repr(value) in message
+    for text in accepted:
+        assert text in message
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def test_option_names_are_case_insensitive() -> None:
+    options = DedupOptions.parse(
+        {"PATH": "/out/", "KEYS": "id", "EXPIRYKEY": "ts", "expiryperiod": "24 hours"}
+    )
+    assert options.path == "/out"
+    assert options.keys == ("id",)
+    assert options.expiry_key == "ts"
+    assert options.expiry_period is not None and options.expiry_period.micros == 86_400_000_000
+
+
+def test_expiry_mode_value_is_case_insensitive() -> None:
+    options = DedupOptions.parse(
+        {"path": "/o", "expiryKey": "category", "expiryMode": "CATEGORICAL", "expiryPeriod": "3"}
+    )
+    assert options.expiry_mode == "categorical"
+
+
+@pytest.mark.parametrize(
+    ("text", "micros"),
+    [
+        ("24 hours", 86_400_000_000),
+        ("90 minutes", 5_400_000_000),
+        ("30 s", 30_000_000),
+        ("1 day", 86_400_000_000),
+        ("2 weeks", 1_209_600_000_000),
+        ("1.5h", 5_400_000_000),
+        ("500 ms", 500_000),
+        ("250 milliseconds", 250_000),
+        ("10 us", 10),
+        ("3 secs", 3_000_000),
+        (" 7 MINUTES ", 420_000_000),
+    ],
+)
+def test_durations_parse_to_microseconds(text: str, micros: int) -> None:
+    assert parse_duration("expiryPeriod", text).micros == micros
+
+
+def test_store_path_defaults_under_path() -> None:
+    assert DedupOptions.parse({"path": "/data/out/"}).store_path == "/data/out/_store"
+    assert DedupOptions.parse({"path": "/o", "storePath": "/s/"}).store_path == "/s"
+
+
+def test_spark_own_options_are_ignored() -> None:
+    options = DedupOptions.parse({"path": "/o", "checkpointLocation": "/c", "queryName": "q"})
+    assert options.path == "/o"
+
+
+def test_options_round_trip_through_strings() -> None:
+    raw = {"path": "/o", "keys": "id,seq", "expiryKey": "ts", "expiryPeriod": "1 day"}
+    options = DedupOptions.parse(raw)
+    assert DedupOptions.parse(options.to_strings()) == options
+
+
+# -- parse errors -------------------------------------------------------------------------
+
+
+def test_missing_path_is_refused() -> None:
+    error = option_error({"keys": "id"})
+    assert_names(error, "path", None, "output directory URL")
+
+
+def test_blank_path_is_refused() -> None:
+    assert option_error({"path": "  "}).option == "path"
+
+
+def test_unknown_option_is_refused_with_a_suggestion() -> None:
+    error = option_error({"path": "/o", "expiryPeriode": "1 day"})
+    assert_names(error, "expiryperiode", "1 day", "did you mean expiryPeriod?", "bucketSpan")
+
+
+def test_unknown_option_without_a_close_match_lists_the_known_ones() -> None:
+    error = option_error({"path": "/o", "zzz": "1"})
+    assert "did you mean" not in str(error)
+    assert "maxCachedBuckets" in str(error)
+
+
+@pytest.mark.parametrize("text", ["ten hours", "5 fortnights", "hours", "1 day 2 hours"])
+def test_bad_duration_is_refused(text: str) -> None:
+    error = option_error({"path": "/o", "expiryKey": "ts", "expiryPeriod": text})
+    assert_names(error, "expiryPeriod", text, "'24 hours'", "'90 minutes'", "'30 s'")
+
+
+@pytest.mark.parametrize("text", ["-5", "0", "0 s", "-1 hours", "0.0", "inf"])
+def test_negative_or_zero_period_is_refused(text: str) -> None:
+    error = option_error({"path": "/o", "expiryKey": "seq", "expiryPeriod": text})
+    assert_names(error, "expiryPeriod", text, "positive")
+
+
+def test_expiry_mode_without_expiry_key_is_refused() -> None:
+    error = option_error({"path": "/o", "expiryMode": "ordered", "expiryPeriod": "5"})
+    assert_names(error, "expiryKey", None, "a column name", "expiryMode=ordered")
+
+
+def test_unknown_expiry_mode_is_refused() -> None:
+    error = option_error({"path": "/o", "expiryKey": "ts", "expiryMode": "wallClock"})
+    assert_names(error, "expiryMode", "wallClock", "tupleTime, systemTime, ordered, categorical")
+
+
+def test_expiry_key_with_system_time_is_refused() -> None:
+    raw = {"path": "/o", "expiryKey": "ts", "expiryMode": "systemTime", "expiryPeriod": "1 h"}
+    assert_names(option_error(raw), "expiryKey", "ts", "systemTime")
+
+
+def test_expiry_key_without_period_is_refused() -> None:
+    error = option_error({"path": "/o", "expiryKey": "ts"})
+    assert_names(error, "expiryPeriod", None, "required")
+
+
+def test_period_without_expiry_is_refused() -> None:
+    error = option_error({"path": "/o", "expiryPeriod": "1 day"})
+    assert_names(error, "expiryPeriod", "1 day", "expiryKey")
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "many", "1.5"])
+def test_num_buckets_must_be_a_positive_whole_number(text: str) -> None:
+    error = option_error({"path": "/o", "numBuckets": text})
+    assert_names(error, "numBuckets", text, "positive whole number")
+
+
+@pytest.mark.parametrize("text", ["id,id", "id,", ","])
+def test_malformed_key_lists_are_refused(text: str) -> None:
+    assert option_error({"path": "/o", "keys": text}).option == "keys"
+
+
+def test_unknown_output_format_is_refused() -> None:
+    error = option_error({"path": "/o", "outputFormat": "csv"})
+    assert_names(error, "outputFormat", "csv", "parquet")
+
+
+# -- resolution against a schema ----------------------------------------------------------
+
+
+def test_default_key_is_all_columns() -> None:
+    settings = settings_of({}, SCALAR_SCHEMA)
+    assert settings.mode == "basic"
+    assert settings.keys == ("id", "seq", "ts")
+    assert settings.key_types == ("string", "int64", "timestamp[ms]")
+    assert settings.bucket_count == 64
+
+
+def test_default_key_with_a_list_column_asks_for_explicit_keys() -> None:
+    error = option_error({"path": "/o"})
+    assert error.option == "keys"
+    assert "'tags'" in str(error)
+    assert "set keys explicitly" in str(error)
+
+
+def test_nested_key_resolves_to_the_struct_field() -> None:
+    settings = settings_of({"keys": "customer.id,id"})
+    assert settings.keys == ("customer.id", "id")
+    assert settings.key_types == ("int64", "string")
+
+
+def test_whole_struct_key_is_accepted() -> None:
+    assert settings_of({"keys": "customer"}).key_types[0].startswith("struct<")
+
+
+@pytest.mark.parametrize("keys", ["nope", "id,nope", "customer.nope", "id.sub"])
+def test_unknown_key_column_is_refused(keys: str) -> None:
+    error = option_error({"path": "/o", "keys": keys})
+    assert_names(error, "keys", keys, "columns of the stream", "not one of")
+
+
+@pytest.mark.parametrize(("keys", "kind"), [("tags", "list<"), ("attrs", "map<")])
+def test_list_and_map_key_columns_are_refused(keys: str, kind: str) -> None:
+    error = option_error({"path": "/o", "keys": keys})
+    assert_names(error, "keys", keys, "comparable types", kind)
+
+
+def test_unknown_expiry_column_is_refused() -> None:
+    error = option_error({"path": "/o", "keys": "id", "expiryKey": "when", "expiryPeriod": "1 h"})
+    assert_names(error, "expiryKey", "when", "a column of the stream", "'ts'")
+
+
+@pytest.mark.parametrize(
+    ("column", "mode"),
+    [("ts", "tupleTime"), ("day", "tupleTime"), ("seq", "ordered"), ("score", "ordered")],
+)
+def test_mode_is_inferred_from_the_expiry_column_type(column: str, mode: str) -> None:
+    period = "1 day" if mode == "tupleTime" else "10"
+    assert settings_of({"keys": "id", "expiryKey": column, "expiryPeriod": period}).mode == mode
+
+
+def test_string_expiry_column_infers_categorical() -> None:
+    settings = settings_of({"keys": "id", "expiryKey": "category", "expiryPeriod": "3"})
+    assert (settings.mode, settings.period, settings.span) == ("categorical", 3, None)
+
+
+def test_expiry_column_of_an_uninterpretable_type_is_refused() -> None:
+    error = option_error({"path": "/o", "keys": "id", "expiryKey": "flag", "expiryPeriod": "1"})
+    assert_names(error, "expiryKey", "flag", "timestamp, date, numeric or string", "bool")
+
+
+@pytest.mark.parametrize(
+    ("column", "mode", "period"),
+    [
+        ("seq", "tupleTime", "1 day"),
+        ("flag", "ordered", "10"),
+        ("ts", "ordered", "10"),
+        ("attrs", "categorical", "3"),
+    ],
+)
+def test_expiry_column_type_that_does_not_fit_the_mode_is_refused(
+    column: str, mode: str, period: str
+) -> None:
+    raw = {"path": "/o", "keys": "id", "expiryKey": column, "expiryMode": mode}
+    error = option_error({**raw, "expiryPeriod": period})
+    assert_names(error, "expiryMode", mode, f"column {column!r}")
+
+
+@pytest.mark.parametrize(
+    ("column", "period", "accepted"),
+    [
+        ("ts", "86400", "a duration"),
+        ("seq", "24 hours", "a plain number"),
+        ("category", "1 day", "a plain number"),
+        ("category", "2.5", "whole number of categories"),
+    ],
+)
+def test_period_must_suit_the_mode(column: str, period: str, accepted: str) -> None:
+    error = option_error({"path": "/o", "keys": "id", "expiryKey": column, "expiryPeriod": period})
+    assert_names(error, "expiryPeriod", period, accepted)
+
+
+def test_system_time_period_must_be_a_duration() -> None:
+    raw = {"path": "/o", "keys": "id", "expiryMode": "systemTime", "expiryPeriod": "30"}
+    assert_names(option_error(raw), "expiryPeriod", "30", "a duration", "systemTime")
+
+
+def test_time_modes_convert_durations_to_microseconds() -> None:
+    settings = settings_of(
+        {
+            "keys": "id",
+            "expiryKey": "ts",
+            "expiryPeriod": "24 hours",
+            "bucketSpan": "90 minutes",
+            "maxExpiryJump": "30 s",
+        }
+    )
+    assert settings.period == 86_400_000_000
+    assert settings.span == 5_400_000_000
+    assert settings.bucket_count == 16
+    assert settings.max_expiry_jump == 30_000_000
+
+
+def test_ordered_mode_keeps_plain_numbers() -> None:
+    settings = settings_of({"keys": "id", "expiryKey": "seq", "expiryPeriod": "100"})
+    assert (settings.period, settings.span, settings.bucket_count) == (100, 6, 17)
+    assert settings.stamp_kind == "int"
+
+
+def test_float_expiry_column_stores_float_stamps() -> None:
+    settings = settings_of({"keys": "id", "expiryKey": "score", "expiryPeriod": "2.5"})
+    assert settings.stamp_kind == "float"
+    assert settings.span == pytest.approx(2.5 / 16)
+
+
+def test_max_expiry_jump_must_suit_the_mode() -> None:
+    raw = {"path": "/o", "keys": "id", "expiryKey": "seq", "expiryPeriod": "10"}
+    error = option_error({**raw, "maxExpiryJump": "1 day"})
+    assert_names(error, "maxExpiryJump", "1 day", "a plain number")
+
+
+def test_bucket_span_longer_than_the_period_is_refused() -> None:
+    raw = {"path": "/o", "keys": "id", "expiryKey": "ts", "expiryPeriod": "1 hour"}
+    error = option_error({**raw, "bucketSpan": "2 hours"})
+    assert_names(error, "bucketSpan", "2 hours", "at most the expiry period", "1 hour")
+
+
+def test_bucket_span_equal_to_the_period_gives_one_bucket() -> None:
+    raw = {"keys": "id", "expiryKey": "seq", "expiryPeriod": "10", "bucketSpan": "10"}
+    assert settings_of(raw).bucket_count == 1
+
+
+def test_bucket_span_is_refused_in_hash_bucketed_modes() -> None:
+    raw = {"path": "/o", "keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 h"}
+    error = option_error({**raw, "bucketSpan": "1 minute"})
+    assert_names(error, "bucketSpan", "1 minute", "numBuckets")
+
+
+def test_system_time_needs_no_expiry_column() -> None:
+    settings = settings_of({"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "30 s"})
+    assert (settings.mode, settings.expiry_key, settings.period) == ("systemTime", None, 30_000_000)
+
+
+def test_nested_expiry_column_is_found() -> None:
+    settings = settings_of({"keys": "id", "expiryKey": "customer.id", "expiryPeriod": "5"})
+    assert (settings.mode, settings.expiry_type) == ("ordered", "int64")
+
+
+def test_identity_leaves_out_max_expiry_jump() -> None:
+    raw = {"keys": "id", "expiryKey": "ts", "expiryPeriod": "1 day"}
+    plain = settings_of(raw)
+    jumpy = settings_of({**raw, "maxExpiryJump": "2 days"})
+    assert plain.identity() == jumpy.identity()
+    assert "max_expiry_jump" not in plain.identity()
