@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -82,7 +81,10 @@ def run(rows: int, window: int, mode: str) -> tuple[float, float]:
     rows_per_s = warm_rows / classify_s
     bytes_per_key = (data_bytes + manifest_bytes) / max(remembered, 1)
     print(f"mode={mode} rows={rows} window={window}")
-    print(f"ports: unique={totals['unique']} duplicate={totals['duplicate']} expired={totals['expired']}")
+    print(
+        "ports: "
+        + " ".join(f"{port}={totals[port]}" for port in ("unique", "duplicate", "expired"))
+    )
     print(f"engine (classify, warm cache): {rows_per_s:,.0f} rows/s")
     print(f"task (classify + staging + window file): {warm_rows / task_s:,.0f} rows/s")
     print(f"store: {files} window files, {data_bytes:,} B data + {manifest_bytes:,} B manifest")

@@ -38,7 +38,15 @@ def release(path: str, query_id: str | None = None) -> None:
     from dedupsink.sink.commit import release as release_store
     from dedupsink.store.store import BucketStore
 
-    store = BucketStore(
-        path if path.rstrip("/").endswith("_store") else path.rstrip("/") + "/_store"
-    )
-    release_store(store, query_id)
+    release_store(BucketStore(store_url(path)), query_id)
+
+
+def store_url(path: str) -> str:
+    """The store behind ``path``: the path itself if it holds a store, else ``<path>/_store``."""
+    from dedupsink.options import STORE_DIRNAME_DEFAULT, join_url
+    from dedupsink.store.store import LOG_DIR, BucketStore
+
+    candidate = BucketStore(path)
+    if candidate.fs.exists(candidate.path(LOG_DIR)):
+        return candidate.url
+    return join_url(path, STORE_DIRNAME_DEFAULT)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -92,7 +92,7 @@ class Span:
 
     @property
     def micros(self) -> int:
-        return int(round(self.amount))
+        return round(self.amount)
 
 
 def parse_duration(option: str, text: str) -> Span:
@@ -195,7 +195,7 @@ class DedupOptions:
         mode_text = text(EXPIRY_MODE)
         mode = parse_choice(EXPIRY_MODE, mode_text, EXPIRY_MODES) if mode_text else None
         values: dict[str, object] = {"path": path.rstrip("/") or "/"}
-        optional_parsers = {
+        optional_parsers: dict[str, tuple[str, Callable[[str], object]]] = {
             KEYS: ("keys", lambda v: parse_columns(KEYS, v)),
             EXPIRY_KEY: ("expiry_key", lambda v: v),
             EXPIRY_PERIOD: ("expiry_period", lambda v: parse_span(EXPIRY_PERIOD, v)),

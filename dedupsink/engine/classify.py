@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dedupsink.engine.expiry import ExpiryValues, expiry_values
-from dedupsink.engine.fingerprint import Fingerprints, first_occurrences, fingerprint, key_leaves
+from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences, key_leaves
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import ERROR_COLUMN, Settings, column
 
@@ -159,10 +159,11 @@ class WindowClassifier:
         ports: np.ndarray,
     ) -> None:
         fps = fingerprint([array.take(pa.array(candidates)) for array in keys])
-        stamps = None if expiry is None else expiry.values[candidates]
-        if expiry is not None and expiry.new_category is not None:
-            assert expiry.category_codes is not None
-            stamps = self._provisional_ordinals(expiry, candidates, stamps)
+        stamps = None
+        if expiry is not None:
+            stamps = expiry.values[candidates]
+            if expiry.new_category is not None:
+                stamps = self._provisional_ordinals(expiry, candidates, stamps)
         first = np.flatnonzero(first_occurrences(fps))
         first_fps = fps.take(first)
         buckets = self._buckets(first_fps, None if stamps is None else stamps[first])

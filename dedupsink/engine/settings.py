@@ -216,7 +216,8 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         mode = "systemTime"
     if mode == "basic":
         return Settings(mode, keys, key_types, None, None, "int", None, None, options.num_buckets)
-    assert options.expiry_period is not None  # guaranteed by DedupOptions.parse
+    if options.expiry_period is None:
+        raise DedupOptionError(EXPIRY_PERIOD, None, f"a period: expiryMode={mode} needs one")
     period = _in_domain(EXPIRY_PERIOD, options.expiry_period, mode)
     jump = (
         _in_domain(MAX_EXPIRY_JUMP, options.max_expiry_jump, mode)

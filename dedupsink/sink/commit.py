@@ -31,10 +31,10 @@ from dedupsink.engine.fingerprint import Fingerprints, fingerprint
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import column
 from dedupsink.errors import StoreConflictError, StoreError
-from dedupsink.store.format import Manifest, PortState, Segment, WindowFile, decode_segment
-from dedupsink.store.store import TOMBSTONE_GRACE_VERSIONS, BucketStore, now_ms
 from dedupsink.sink.ports import Output, PortFile, port_schema
 from dedupsink.sink.task import SinkPlan, TaskSummary, check_owner
+from dedupsink.store.format import Manifest, PortState, Segment, decode_segment
+from dedupsink.store.store import TOMBSTONE_GRACE_VERSIONS, BucketStore, now_ms
 
 log = logging.getLogger("dedupsink")
 
@@ -61,8 +61,9 @@ class CommitReport:
         ports = " ".join(f"{port}={self.counts.get(port, 0)}" for port in PORTS)
         hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
         return (
-            f"dedup window {self.window} (batch {self.batch_id}): {ports} | store {self.store_files} files "
-            f"{self.store_bytes / 1e6:.1f} MB {self.remembered} keys | cache hits {hit}"
+            f"dedup window {self.window} (batch {self.batch_id}): {ports} | store "
+            f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
+            f" | cache hits {hit}"
         )
 
 
@@ -87,8 +88,9 @@ def commit_window(
     stale = sorted({s.base_version for s in done if s.base_version != manifest.version})
     if stale:
         raise StoreConflictError(
-            f"store {store.url} moved to version {manifest.version} while batch {batch_id} was classified "
-            f"against version(s) {stale}; another writer is active. The batch will be re-run."
+            f"store {store.url} moved to version {manifest.version} while batch {batch_id} was "
+            f"classified against version(s) {stale}; another writer is active. Restart the query "
+            "to re-run the batch."
         )
     done.sort(key=lambda s: s.identity.partition)
     demoted = settle_cross_partition_keys(plan, store, output, done)
@@ -99,6 +101,7 @@ def commit_window(
     store.collect_garbage(nxt)
     if nxt.version % _ORPHAN_SWEEP_EVERY == 0:
         store.remove_orphans(nxt, keep=set())
+        output.remove_stale_staging(keep=token)
     report = _report(nxt, done, query_id, batch_id, store, demoted)
     log.info(report.line())
     return report
@@ -270,7 +273,8 @@ def _apply_compaction(nxt: Manifest, summary: TaskSummary) -> None:
     """A compacted segment replaces the segments it folded; files left with none are dropped."""
     for bucket, replaced in summary.supersedes.items():
         folded = {tuple(ident) for ident in replaced}
-        kept, gone = [], []
+        kept: list[Segment] = []
+        gone: list[Segment] = []
         for segment in nxt.buckets.get(bucket, []):
             (gone if segment.ident in folded else kept).append(segment)
         nxt.buckets[bucket] = kept

@@ -53,7 +53,8 @@ class Output:
         return f"{STAGING_DIR}/{token}"
 
     def new_staging_file(self, token: str, port: str, partition: int, attempt: int) -> str:
-        return f"{STAGING_DIR}/{token}/{port}/p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
+        return f"{STAGING_DIR}/{token}/{port}/{name}"
 
     def write_table(self, relative: str, table: pa.Table | pa.RecordBatch) -> None:
         full = self.path(relative)
@@ -95,6 +96,16 @@ class Output:
         staging = self.path(self.staging(token))
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
+
+    def remove_stale_staging(self, keep: str) -> None:
+        """Remove staged files of batches that never committed (failed queries, old attempts)."""
+        try:
+            tokens = self.fs.ls(self.path(STAGING_DIR), detail=False)
+        except FileNotFoundError:
+            return
+        for full in tokens:
+            if full.rstrip("/").rsplit("/", 1)[-1] != keep:
+                self.fs.rm(full, recursive=True)
 
     # -- Spark's file-sink log -------------------------------------------------------------
 

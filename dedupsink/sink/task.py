@@ -16,14 +16,14 @@ import numpy as np
 import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, split, stamp_dtype
+from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreOwnershipError
 from dedupsink.options import DedupOptions
-from dedupsink.engine.keyset import KeySet
+from dedupsink.sink.ports import Output, PortFile, PortWriters
 from dedupsink.store.cache import BucketManager, CacheInfo, manager_for
 from dedupsink.store.format import Manifest, Segment, WindowFile, encode_segments
 from dedupsink.store.store import BucketStore, now_ms, window_file_name
-from dedupsink.sink.ports import Output, PortFile, PortWriters
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,12 @@ def check_owner(manifest: Manifest, query_id: str, timeout_ms: int, url: str) ->
         return
     age_ms = now_ms() - int(owner.get("heartbeat_ms", 0))
     if age_ms < timeout_ms:
+        wait_s = max(0, timeout_ms - age_ms) / 1000
         raise StoreOwnershipError(
-            f"store {url} is owned by streaming query {owner.get('query')} (last commit {age_ms / 1000:.0f}s ago). "
-            f"Stop that query, or if it is already gone wait {max(0, timeout_ms - age_ms) / 1000:.0f}s for "
-            f"its lease (ownerTimeout) to lapse, or run: dedupsink release {url}"
+            f"store {url} is owned by streaming query {owner.get('query')} "
+            f"(last commit {age_ms / 1000:.0f}s ago). Stop that query; if it is already gone, "
+            f"wait {wait_s:.0f}s for its lease (ownerTimeout) to lapse, or run: "
+            f"dedupsink release {url}"
         )
 
 
@@ -161,7 +163,7 @@ COMPACT_BUCKETS_PER_WINDOW = 8
 def _compaction(
     manager: BucketManager, manifest: Manifest, classifier: WindowClassifier, identity: TaskIdentity
 ) -> dict[int, tuple[KeySet, list[tuple[str, int]]]]:
-    """Partition 0 (present in every window) compacts the most fragmented buckets, a few a window."""
+    """Partition 0 (in every window) compacts the most fragmented buckets, a few per window."""
     if identity.partition != 0:
         return {}
     crowded = sorted(
@@ -172,7 +174,10 @@ def _compaction(
         return {}
     loaded = manager.load(crowded, classifier.expiry_point)
     return {
-        bucket: (loaded[bucket].alive(classifier.expiry_point), [s.ident for s in manifest.buckets[bucket]])
+        bucket: (
+            loaded[bucket].alive(classifier.expiry_point),
+            [s.ident for s in manifest.buckets[bucket]],
+        )
         for bucket in crowded
     }
 

@@ -144,8 +144,8 @@ class BucketManager:
                 for _, part in added:
                     keys = keys.merge(part)
                 keys = keys.alive(forget_at_or_below)
-                live = {s.ident for s in self.manifest.buckets.get(bucket, [])}
-                entry = CachedBucket(keys, frozenset(live))
+                idents = frozenset(s.ident for s in self.manifest.buckets.get(bucket, []))
+                entry = CachedBucket(keys, idents)
             self.cache.put(bucket, entry)
             result[bucket] = entry.keys
         return result

@@ -15,6 +15,7 @@ older version is not disturbed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -157,7 +158,8 @@ class BucketStore:
         self.fs.makedirs(self.path(LOG_DIR), exist_ok=True)
         if self.fs.exists(final):
             raise StoreConflictError(
-                f"store {self.url} already has version {manifest.version}; another writer committed first"
+                f"store {self.url} already has version {manifest.version}: "
+                "another writer committed first"
             )
         staged = self.path(LOG_DIR, f".{manifest.version:012d}-{uuid.uuid4().hex}.tmp")
         self.fs.pipe_file(staged, manifest.to_bytes())
@@ -206,10 +208,8 @@ class BucketStore:
 
     def _remove_quietly(self, paths: list[str]) -> None:
         for path in paths:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(path)
-            except FileNotFoundError:
-                pass
 
     def disk_usage(self) -> tuple[int, int]:
         """(number of window files, bytes) under data/."""
@@ -242,7 +242,10 @@ def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -
                     )
                     if old != new
                 ]
-                accepted = f"the column types the store at {url} was created with (changed: {', '.join(changed)})"
+                accepted = (
+                    f"the column types the store at {url} was created with "
+                    f"(changed: {', '.join(changed)})"
+                )
             else:
                 accepted = f"{recorded.get(name)!r}, the value the store at {url} was created with"
             raise StoreSettingsError(option, wanted.get(name), accepted)
