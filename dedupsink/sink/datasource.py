@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -23,6 +24,7 @@ from dedupsink.engine.settings import resolve
 from dedupsink.errors import DedupError
 from dedupsink.options import DedupOptions
 from dedupsink.sink.commit import commit_window, finish_publication
+from dedupsink.sink.ports import absolute_url
 from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, run_task
 
 log = logging.getLogger("dedupsink")
@@ -71,7 +73,10 @@ class DedupDataSource(DataSource):
         return "dedup"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
-        options = DedupOptions.parse(dict(self.options))
+        parsed = DedupOptions.parse(dict(self.options))
+        options = replace(
+            parsed, path=absolute_url(parsed.path), store_path=absolute_url(parsed.store_path)
+        )
         arrow_schema = to_arrow_schema(schema, timezone="UTC")
         settings = resolve(options, arrow_schema)
         plan = SinkPlan(options, settings, arrow_schema)

@@ -29,6 +29,16 @@ SPARK_LOG_COMPACT_INTERVAL = 10
 _BLOCK_SIZE = 128 * 1024 * 1024
 
 
+def absolute_url(url: str) -> str:
+    """``url`` with a local path made absolute (``file://``); other URLs are returned as given.
+
+    Executors run in other working directories (a cluster's work dirs), so a relative path
+    is resolved once, on the driver."""
+    fs, path = fsspec.core.url_to_fs(url)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return str(fs.unstrip_protocol(path)) if "file" in protocols else url
+
+
 def port_schema(port: str, schema: pa.Schema) -> pa.Schema:
     if port == "error":
         return schema.append(pa.field(ERROR_COLUMN, pa.string(), nullable=False))
