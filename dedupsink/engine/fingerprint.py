@@ -4,8 +4,8 @@ A key (one or more columns, nested struct fields flattened in order) is reduced 
 independent 64-bit lanes ``(h1, h2)``. Values are fed as little-endian 64-bit words: fixed-width
 types word by word, variable-length strings and binaries eight bytes at a time followed by
 their length, so that ``"ab"`` and ``"ab\\0"`` differ. No Python runs per row: strings are read
-through an overlapping 8-byte window over Arrow's data buffer, grouped by length class so one
-long key does not widen the work for all the short ones.
+through an overlapping 8-byte window over Arrow's data buffer, grouped by word count; values
+over 128 bytes (rare as keys) are first digested with BLAKE2b, one call each.
 
 Two different keys collide with probability about 2^-128 per pair, so among ``n`` remembered
 keys the chance of any false duplicate is at most n^2 / 2^129 (about 1.5e-15 for 10^12 keys).
@@ -14,6 +14,7 @@ The hash is not keyed: it guards against accident, not against an adversary who 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ _F1 = _U64(0xFF51AFD7ED558CCD)
 _F2 = _U64(0xC4CEB9FE1A85EC53)
 # _TAIL_MASKS[k] keeps the low k bytes of a little-endian word.
 _TAIL_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], dtype=_U64)
-_WORD_CLASS_LIMIT = 8  # up to 64 bytes a class per word count; longer ones by powers of two
+_LONG_KEY_BYTES = 128  # longer values are digested first (see _feed_long)
 
 
 class UnsupportedKeyType(DedupError, TypeError):
@@ -183,21 +184,19 @@ def _feed_variable(state: _State, leaf: pa.Array) -> None:
     if data is None or len(data) == 0:
         state.feed(lengths.astype(_U64))
         return
-    if len(lengths) and (lengths == lengths[0]).all() and not leaf.null_count:
+    if len(lengths) and (lengths == lengths[0]).all() and lengths[0] <= _LONG_KEY_BYTES:
         # Equal lengths (ids, UUIDs): the values lie back to back, so reshape, no gather.
         _feed_equal_length(state, data[offsets[0] : offsets[-1]], len(lengths), int(lengths[0]))
         return
+    long_rows = lengths > _LONG_KEY_BYTES
+    if long_rows.any():
+        _feed_long(state, data, starts, lengths, np.flatnonzero(long_rows))
     padded = np.zeros(len(data) + 8, dtype=np.uint8)
     padded[: len(data)] = data
     windows = np.lib.stride_tricks.as_strided(padded, shape=(len(data) + 1, 8), strides=(1, 1))
-    words_needed = (lengths + 7) // 8
-    word_class = np.where(
-        words_needed <= _WORD_CLASS_LIMIT,
-        words_needed,
-        1 << np.ceil(np.log2(np.maximum(words_needed, 1))).astype(np.int64),
-    )
-    for width in np.unique(word_class):
-        rows = np.flatnonzero(word_class == width)
+    words_needed = np.where(long_rows, -1, (lengths + 7) // 8)
+    for width in np.unique(words_needed[words_needed >= 0]):
+        rows = np.flatnonzero(words_needed == width)
         row_starts, row_lengths = starts[rows], lengths[rows]
         for j in range(int(width)):
             remaining = np.clip(row_lengths - 8 * j, 0, 8)
@@ -207,10 +206,23 @@ def _feed_variable(state: _State, leaf: pa.Array) -> None:
         state.feed(row_lengths.astype(_U64), rows)
 
 
+def _feed_long(
+    state: _State, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray
+) -> None:
+    """Values over 128 bytes are rare (documents, blobs as keys): each is first digested to
+    128 bits with BLAKE2b, one call per such value, so a 1 MB key costs one pass, not 131,072
+    vector rounds. Which path a value takes depends only on its length, so it is stable."""
+    digests = np.empty((len(rows), 2), dtype=_U64)
+    for out, row in enumerate(rows.tolist()):
+        value = data[starts[row] : starts[row] + lengths[row]].tobytes()
+        digests[out] = np.frombuffer(hashlib.blake2b(value, digest_size=16).digest(), dtype="<u8")
+    state.feed(np.ascontiguousarray(digests[:, 0]), rows)
+    state.feed(np.ascontiguousarray(digests[:, 1]), rows)
+    state.feed(lengths[rows].astype(_U64), rows)
+
+
 def _feed_equal_length(state: _State, data: np.ndarray, n: int, length: int) -> None:
     words = (length + 7) // 8
-    if words > _WORD_CLASS_LIMIT:
-        words = 1 << int(np.ceil(np.log2(words)))
     matrix = np.zeros((n, words * 8), dtype=np.uint8)
     matrix[:, :length] = data.reshape(n, length)
     as_words = matrix.view(_U64)

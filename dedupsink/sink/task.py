@@ -164,7 +164,9 @@ def _compaction(
     manager: BucketManager, manifest: Manifest, classifier: WindowClassifier, identity: TaskIdentity
 ) -> dict[int, tuple[KeySet, list[tuple[str, int]]]]:
     """Partition 0 (in every window) compacts the most fragmented buckets, a few per window."""
-    if identity.partition != 0:
+    if identity.partition != 0 or classifier.settings.mode == "systemTime":
+        # systemTime keys carry their window's time only through their file; folding them
+        # into a newer file would renew it. Their files expire whole within one period anyway.
         return {}
     crowded = sorted(
         (b for b, segments in manifest.buckets.items() if len(segments) > COMPACT_ABOVE_SEGMENTS),

@@ -1,0 +1,104 @@
+"""Plain-text rendering for the CLI: sizes, durations, expiry points and small tables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+MICROS_PER_DAY = 86_400_000_000
+_UNITS = (
+    ("week", 7 * MICROS_PER_DAY),
+    ("day", MICROS_PER_DAY),
+    ("hour", 3_600_000_000),
+    ("minute", 60_000_000),
+    ("second", 1_000_000),
+    ("millisecond", 1_000),
+    ("microsecond", 1),
+)
+TIME_MODES = ("tupleTime", "systemTime")
+
+
+def human_bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{count} B"
+
+
+def human_duration(micros: float) -> str:
+    """``86400000000`` -> ``'1 day'``; the largest unit that divides the value exactly."""
+    whole = round(micros)
+    if 0 < whole <= 2 * MICROS_PER_DAY and whole % 3_600_000_000 == 0:
+        hours = whole // 3_600_000_000
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    for name, size in _UNITS:
+        if whole and whole % size == 0:
+            amount = whole // size
+            return f"{amount} {name}{'s' if amount != 1 else ''}"
+    return f"{whole} microseconds"
+
+
+def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
+    """A period or bucket span in the expiry key's domain, for people."""
+    if value is None:
+        return "-"
+    if settings.get("mode") in TIME_MODES:
+        return human_duration(value)
+    return number_text(value)
+
+
+def number_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def utc_text(micros: float, zone: bool = True) -> str:
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}".rstrip("0")
+    return text + (" UTC" if zone else "")
+
+
+def point_text(value: float | None, settings: Mapping[str, Any], categories: Sequence[str]) -> str:
+    """A latest or expiry point in the domain of the expiry key (timestamps made readable)."""
+    if value is None:
+        return "none yet"
+    mode = settings.get("mode")
+    if mode == "systemTime":
+        return utc_text(value)
+    if mode == "tupleTime":
+        expiry_type = str(settings.get("expiry_type") or "")
+        if expiry_type.startswith("date") and value % MICROS_PER_DAY == 0:
+            return utc_text(value, zone=False)[:10]
+        return utc_text(value, zone="tz=" in expiry_type)
+    if mode == "categorical":
+        ordinal = int(value)
+        if ordinal < 0:
+            return f"{ordinal} (no category)"
+        name = categories[ordinal] if ordinal < len(categories) else "?"
+        return f"{ordinal} ({name!r})"
+    return number_text(value)
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "  "
+) -> list[str]:
+    """Left-aligned first column, right-aligned numbers, a final column left as it is."""
+    cells = [[str(cell) for cell in row] for row in rows]
+    widths = [max([len(headers[i])] + [len(row[i]) for row in cells]) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        parts = []
+        for index, value in enumerate(values):
+            if index == 0:
+                parts.append(value.ljust(widths[index]))
+            elif index == len(values) - 1 and not value.replace(",", "").isdigit():
+                parts.append(value)
+            else:
+                parts.append(value.rjust(widths[index]))
+        return (indent + "  ".join(parts)).rstrip()
+
+    return [line(list(headers)), *(line(row) for row in cells)]

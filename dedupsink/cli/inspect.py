@@ -1,0 +1,211 @@
+"""``dedupsink inspect``: what a store and its ports hold, read from disk without Spark.
+
+``locate`` accepts an output path (``<path>/_store`` is its store) or a store path (its ports
+are found next to it when it is the default ``_store`` folder). ``report`` reads the latest
+manifest through ``BucketStore`` and the ports through ``Output``; ``render`` prints it for
+people, ``--json`` prints the same dictionary for machines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from dedupsink.cli.config import resolve_path
+from dedupsink.cli.display import human_bytes, human_span, point_text, table, utc_text
+from dedupsink.cli.errors import ConfigError
+from dedupsink.engine.classify import PORTS
+from dedupsink.options import STORE_DIRNAME_DEFAULT, join_url
+from dedupsink.sink.ports import SPARK_LOG_DIR, Output
+from dedupsink.store.format import Manifest
+from dedupsink.store.store import LOG_DIR, BucketStore, now_ms
+
+__all__ = ["Location", "locate", "render", "report", "to_json"]
+
+
+@dataclass(frozen=True)
+class Location:
+    """A store and, when known, the output root whose ports it commits."""
+
+    store_url: str
+    output_url: str | None
+
+
+def locate(path: str, store: str | None = None) -> Location:
+    """Find the store of an output path, or the ports of a store path."""
+    url = resolve_path(path).rstrip("/")
+    if store is not None:
+        return Location(resolve_path(store).rstrip("/"), url)
+    candidate = BucketStore(url)
+    if candidate.fs.exists(candidate.path(LOG_DIR)):
+        parent, _, name = url.rpartition("/")
+        return Location(url, parent if name == STORE_DIRNAME_DEFAULT and parent else None)
+    default = BucketStore(join_url(url, STORE_DIRNAME_DEFAULT))
+    if default.fs.exists(default.path(LOG_DIR)):
+        return Location(default.url, url)
+    raise ConfigError(
+        "PATH",
+        f"no dedup store at {url} (looked for {url}/{LOG_DIR} and "
+        f"{url}/{STORE_DIRNAME_DEFAULT}/{LOG_DIR}); pass an output path or a store path",
+    )
+
+
+def report(location: Location) -> dict[str, Any]:
+    """Everything ``inspect`` shows, as plain JSON-able values."""
+    store = BucketStore(location.store_url)
+    manifest = store.read()
+    files_on_disk, bytes_on_disk = store.disk_usage()
+    result: dict[str, Any] = {
+        "store": store.url,
+        "output": location.output_url,
+        "version": None if manifest is None else manifest.version,
+        "disk": {"window_files": files_on_disk, "bytes": bytes_on_disk},
+    }
+    if manifest is None:
+        return result
+    result.update(_store_part(manifest, store))
+    result["ports"] = _ports_part(manifest, location.output_url)
+    return result
+
+
+def _store_part(manifest: Manifest, store: BucketStore) -> dict[str, Any]:
+    settings = manifest.settings
+    latest = manifest.latest
+    period = settings.get("period")
+    expiry = None if latest is None or period is None else latest - period
+    categories = list(manifest.categories)
+    return {
+        "store_id": manifest.store_id,
+        "format": manifest.format,
+        "committed": utc_text(manifest.committed_ms // 1000 * 1_000_000),
+        "settings": settings,
+        "windows": int(manifest.totals.get("windows", 0)),
+        "last_window": manifest.last_window,
+        "latest": {"value": latest, "text": point_text(latest, settings, categories)},
+        "expiry_point": {"value": expiry, "text": point_text(expiry, settings, categories)},
+        "categories": categories,
+        "remembered_keys": manifest.remembered_keys,
+        "index": {
+            "window_files": len(manifest.files),
+            "bytes": sum(wf.nbytes for wf in manifest.files.values()),
+        },
+        "owner": _owner_part(manifest.owner),
+        "totals": dict(manifest.totals),
+        "publication_pending": manifest.publish is not None
+        and not store.is_published(manifest.version),
+    }
+
+
+def _owner_part(owner: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not owner:
+        return None
+    heartbeat = int(owner.get("heartbeat_ms", 0))
+    return {
+        "query": owner.get("query"),
+        "heartbeat": utc_text(heartbeat * 1000),
+        "age_seconds": round((now_ms() - heartbeat) / 1000, 1),
+    }
+
+
+def _ports_part(manifest: Manifest, output_url: str | None) -> dict[str, Any]:
+    output = Output(output_url) if output_url else None
+    ports: dict[str, Any] = {}
+    for port in PORTS:
+        state = manifest.ports.get(port)
+        entry: dict[str, Any] = {
+            "rows": state.rows if state else 0,
+            "files": state.files if state else 0,
+            "batches": state.next_log if state else 0,
+            "path": join_url(output_url, port) if output_url else None,
+        }
+        if output is not None:
+            entry["log_entries_on_disk"] = _log_entries(output, port)
+        ports[port] = entry
+    return ports
+
+
+def _log_entries(output: Output, port: str) -> int:
+    try:
+        names = output.fs.ls(output.path(f"{port}/{SPARK_LOG_DIR}"), detail=False)
+    except FileNotFoundError:
+        return 0
+    return sum(1 for n in names if n.rstrip("/").rsplit("/", 1)[-1].split(".")[0].isdigit())
+
+
+def to_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, default=str)
+
+
+def render(data: dict[str, Any]) -> str:
+    """The report for people."""
+    lines = [f"store       {data['store']}"]
+    if data.get("version") is None:
+        lines.append("            empty: no window committed yet")
+        return "\n".join(lines)
+    settings = data["settings"]
+    lines += [
+        f"            id {data['store_id']}, format {data['format']}, "
+        f"version {data['version']} committed {data['committed']}",
+        f"settings    {_settings_text(settings)}",
+        f"windows     {data['windows']} committed{_last_window_text(data['last_window'])}",
+    ]
+    if settings.get("mode") != "basic":
+        lines.append(f"latest      {data['latest']['text']}")
+        lines.append(f"expiry      {data['expiry_point']['text']}  (rows at or before it expire)")
+    index, disk = data["index"], data["disk"]
+    lines += [
+        f"remembered  {data['remembered_keys']} keys in {index['window_files']} window files "
+        f"({human_bytes(index['bytes'])})",
+        f"on disk     {disk['window_files']} window files, {human_bytes(disk['bytes'])}",
+        f"owner       {_owner_text(data['owner'])}",
+    ]
+    if data.get("publication_pending"):
+        lines.append("            the last window's ports are not fully published yet")
+    lines += _ports_text(data)
+    return "\n".join(lines)
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    mode = settings.get("mode")
+    keys = ", ".join(settings.get("keys") or [])
+    if mode == "basic":
+        return f"Basic Dedup on keys {keys}, {settings.get('bucket_count')} hash buckets"
+    text = f"{mode} on keys {keys}"
+    if settings.get("expiry_key"):
+        text += f", expiryKey {settings['expiry_key']} ({settings.get('expiry_type')})"
+    text += f", expiryPeriod {human_span(settings.get('period'), settings)}"
+    if settings.get("span") is not None:
+        text += f", bucketSpan {human_span(settings['span'], settings)}"
+    return text + f", {settings.get('bucket_count')} buckets"
+
+
+def _last_window_text(last: dict[str, Any]) -> str:
+    if not last:
+        return ""
+    counts = " ".join(f"{port}={last.get('counts', {}).get(port, 0)}" for port in PORTS)
+    return f"; last: window {last.get('window')} (batch {last.get('batch')}): {counts}"
+
+
+def _owner_text(owner: dict[str, Any] | None) -> str:
+    if owner is None:
+        return "none (released): a new query can start at once"
+    return (
+        f"query {owner['query']}, last commit {owner['heartbeat']} "
+        f"({owner['age_seconds']:.0f}s ago; free once ownerTimeout passes, or `dedupsink release`)"
+    )
+
+
+def _ports_text(data: dict[str, Any]) -> list[str]:
+    ports = data["ports"]
+    if data.get("output") is None:
+        lines = [
+            "ports       output path unknown (store not in <path>/_store; pass the output path)"
+        ]
+    else:
+        lines = [f"ports       {data['output']}"]
+    rows = [
+        [port, info["batches"], info["files"], info["rows"], info["path"] or "-"]
+        for port, info in ports.items()
+    ]
+    return lines + table(["port", "batches", "files", "rows", "location"], rows, indent="  ")

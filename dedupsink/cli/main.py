@@ -1,0 +1,190 @@
+"""The ``dedupsink`` command: ``run``, ``inspect``, ``validate`` and ``release``.
+
+Exit codes: 0 success, 1 a runtime failure (store owned by another query, a corrupt file, a
+failed query), 2 a usage, config or option error, 130 interrupted. Errors are one line on
+stderr; ``--verbose`` adds the traceback and Spark's warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from dedupsink import __version__
+from dedupsink.cli.config import SPARK_PREFIX, load_config
+from dedupsink.cli.errors import ConfigError
+from dedupsink.cli.inspect import locate, render, report, to_json
+from dedupsink.cli.job import PreparedJob, prepare
+from dedupsink.errors import DedupError, DedupOptionError
+
+log = logging.getLogger("dedupsink.cli")
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dedupsink",
+        description="Run and inspect deduplicating Spark streaming jobs (the 'dedup' sink).",
+    )
+    parser.add_argument("--version", action="version", version=f"dedupsink {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="tracebacks on errors, Spark warnings"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", help="run a job config until its trigger ends (or Ctrl-C)")
+    run.add_argument("job", metavar="JOB.conf", help="job config file")
+    _add_set(run)
+    validate = commands.add_parser("validate", help="check a job config without running it")
+    validate.add_argument("job", metavar="JOB.conf", help="job config file")
+    _add_set(validate)
+    inspect = commands.add_parser("inspect", help="show a store and its ports (no Spark)")
+    inspect.add_argument("path", metavar="PATH", help="an output path or a store path")
+    inspect.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    inspect.add_argument("--json", action="store_true", help="print JSON for machines")
+    release = commands.add_parser("release", help="give up a store's owner lease")
+    release.add_argument("path", metavar="PATH", help="an output path or a store path")
+    release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    return parser
+
+
+def _add_set(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set or override a config key (repeatable), e.g. --set path=/tmp/out",
+    )
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dedupsink.cli.run import run
+
+    job = prepare(load_config(args.job, args.overrides))
+    for note in job.notes:
+        log.warning("%s", note)
+    return run(job, sys.stdout, "WARN" if args.verbose else "ERROR")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    job = prepare(load_config(args.job, args.overrides))
+    print("\n".join(describe(job)))
+    return 0
+
+
+def describe(job: PreparedJob) -> list[str]:
+    """What ``validate`` prints: the job as the CLI understood it."""
+    from dedupsink.cli.inspect import _settings_text
+    from dedupsink.cli.run import checkpoint_for, spark_master
+
+    config = job.config
+    source = config.get("source.path") or "(no path)"
+    files = "" if job.source_files is None else f" ({job.source_files} files)"
+    options = ", ".join(f"{k}={v}" for k, v in sorted(config.source_options.items()))
+    lines = [f"{config.origin}: OK", f"  source      {job.source_format} {source}{files}"]
+    if options:
+        lines.append(f"  options     {options}")
+    if job.schema is not None:
+        schema = ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in job.schema)
+        lines.append(f"  schema      {schema}")
+    if job.settings is not None:
+        lines.append(f"  dedup       {_settings_text(job.settings.identity())}")
+    store = (
+        "new"
+        if job.manifest is None
+        else f"existing, version {job.manifest.version}, settings match"
+    )
+    checkpoint, fresh = checkpoint_for(job)
+    where = f"fresh for each run, under {checkpoint.rsplit('/', 1)[0]}" if fresh else checkpoint
+    spark = ", ".join(
+        f"{k}={v}" for k, v in sorted(config.spark_conf.items()) if k != SPARK_PREFIX + "master"
+    )
+    lines += [
+        f"  output      {job.options.path}",
+        f"  store       {job.options.store_path} ({store})",
+        f"  trigger     {job.trigger.describe()}",
+        f"  checkpoint  {where}",
+        f"  spark       {spark_master(job)}{'; ' + spark if spark else ''}",
+    ]
+    lines += [f"  note        {note}" for note in job.notes]
+    return lines
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    data = report(locate(args.path, args.store))
+    print(to_json(data) if args.json else render(data))
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from dedupsink.sink.commit import release
+    from dedupsink.store.store import BucketStore
+
+    location = locate(args.path, args.store)
+    store = BucketStore(location.store_url)
+    before = store.read()
+    owner = before.owner if before is not None else None
+    if owner is None:
+        print(f"store {store.url} has no owner: nothing to release")
+        return 0
+    release(store)
+    print(f"released store {store.url} (it was owned by query {owner.get('query')})")
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "validate": cmd_validate,
+    "inspect": cmd_inspect,
+    "release": cmd_release,
+}
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+def _fail(exc: BaseException, code: int, verbose: bool) -> int:
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"dedupsink: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="dedupsink: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, DedupOptionError) as exc:
+        return _fail(exc, EXIT_USAGE, args.verbose)
+    except DedupError as exc:
+        return _fail(exc, int(getattr(exc, "exit_code", EXIT_FAILURE)), args.verbose)
+    except BrokenPipeError:
+        # The reader of our output went away (``dedupsink inspect ... | head``): not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+    except OSError as exc:
+        return _fail(exc, EXIT_FAILURE, args.verbose)
+    except KeyboardInterrupt:
+        print("dedupsink: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""``dedupsink run``: start a job's streaming query, report each batch, summarise, release.
+
+The CLI process follows the query through the store, not through Spark callbacks: between
+``awaitTermination(timeout)`` calls (which return at once when the query ends) it reads the
+manifests committed since it last looked; each one written by this query carries the counts of
+its window (``last_window``), which gives one line per batch. Ctrl-C asks the query to stop
+between batches (a second Ctrl-C stops it at once; an interrupted batch is never published).
+When the query has ended the owner lease is released, so the next run can take the store at
+once.
+
+Unless the config sets ``checkpointLocation``, each run gets a fresh checkpoint under
+``<path>/_checkpoints/`` that is removed when the run ends: the source is read again from the
+start on every run, while the store, which remembers the keys, persists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from dedupsink.cli.config import CHECKPOINT, SOURCE_PATH
+from dedupsink.cli.display import human_bytes, point_text, table
+from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
+from dedupsink.engine.classify import PORTS
+from dedupsink.errors import DedupError, StoreError
+from dedupsink.options import join_url
+from dedupsink.sink.commit import release
+from dedupsink.sink.task import check_owner
+from dedupsink.store.format import Manifest
+from dedupsink.store.store import BucketStore
+
+log = logging.getLogger("dedupsink.cli")
+
+MASTER_DEFAULT = "local[2]"
+MASTER_ENV = "SPARK_MASTER"
+POLL_SECONDS = 0.5
+CHECKPOINTS_DIR = "_checkpoints"
+SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
+_OPTION_ERRORS = ("DedupOptionError", "StoreSettingsError", "UnsupportedKeyType")
+_DEDUP_ERROR_LINE = re.compile(r"(?m)^\s*dedupsink\.[\w.]+?\.(\w+): (.+)$")
+_LOG4J = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{HH:mm:ss}} %p %c{{1}}: %m%n
+"""
+
+
+class QueryFailed(DedupError):
+    """The streaming query failed; the message is the root cause in one line."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+@dataclass
+class RunOutcome:
+    """What one run did: its query, the windows it committed, how it ended."""
+
+    query_id: str = ""
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+
+# -- the Spark session ------------------------------------------------------------------------
+
+
+def spark_master(job: PreparedJob) -> str:
+    """``spark.master`` from the config, else ``$SPARK_MASTER``, else ``local[2]``."""
+    return job.config.spark_conf.get("spark.master") or os.environ.get(MASTER_ENV) or MASTER_DEFAULT
+
+
+def _quiet_log_config(level: str, folder: Path) -> str:
+    path = folder / "log4j2.properties"
+    path.write_text(_LOG4J.format(level=level), encoding="utf-8")
+    return f"-Dlog4j2.configurationFile=file:{path}"
+
+
+@contextmanager
+def spark_session(job: PreparedJob, log_level: str) -> Iterator[Any]:
+    """A SparkSession for the job (workers run this interpreter), stopped on exit."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = {**SPARK_DEFAULTS, **job.config.spark_conf}
+    conf.pop("spark.master", None)
+    with tempfile.TemporaryDirectory(prefix="dedupsink-") as scratch:
+        if "spark.driver.extraJavaOptions" not in conf:
+            conf["spark.driver.extraJavaOptions"] = _quiet_log_config(log_level, Path(scratch))
+        builder = SparkSession.builder.master(spark_master(job))
+        builder = builder.appName(conf.pop("spark.app.name", f"dedupsink {job.config.name}"))
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel(log_level)
+        try:
+            yield session
+        finally:
+            session.stop()
+
+
+# -- the query -------------------------------------------------------------------------------
+
+
+def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
+    reader = spark.readStream.format(job.source_format)
+    if job.schema is not None and job.source_format not in FIXED_SCHEMAS:
+        reader = reader.schema(job.schema)
+    reader = reader.options(**job.config.source_options)
+    path = job.config.get(SOURCE_PATH)
+    frame = reader.load(path) if path else reader.load()
+    writer = frame.writeStream.format("dedup").options(**job.config.sink_options)
+    writer = writer.option("checkpointLocation", checkpoint)
+    trigger = job.trigger
+    if trigger.kind == "availableNow":
+        writer = writer.trigger(availableNow=True)
+    elif trigger.kind == "once":
+        writer = writer.trigger(once=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger.interval_ms} milliseconds")
+    return writer.start()
+
+
+def failure_of(exc: Exception) -> QueryFailed:
+    """The root cause of a Spark failure in one line (a dedupsink error when there is one)."""
+    text = str(exc)
+    found = _DEDUP_ERROR_LINE.findall(text)
+    if found:
+        name, message = found[-1]
+        return QueryFailed(f"{name}: {message.strip()}", 2 if name in _OPTION_ERRORS else 1)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return QueryFailed(first)
+
+
+class WindowWatcher:
+    """Reads the manifests committed since the last look and prints this query's windows."""
+
+    def __init__(self, store: BucketStore, out: TextIO) -> None:
+        self.store = store
+        self.out = out
+        versions = store.versions()
+        self.seen = versions[-1] if versions else -1
+        self.query_id = ""
+        self.windows: list[dict[str, Any]] = []
+
+    def poll(self) -> None:
+        for version in [v for v in self.store.versions() if v > self.seen]:
+            manifest = self.store.read(version)
+            self.seen = version
+            if manifest is not None:
+                self._report(manifest)
+
+    def _report(self, manifest: Manifest) -> None:
+        window = manifest.last_window
+        if window.get("window") != manifest.version or window.get("query") != self.query_id:
+            return
+        self.windows.append(window)
+        counts = window.get("counts", {})
+        ports = "  ".join(f"{port} {counts.get(port, 0):>4}" for port in PORTS)
+        rows = sum(counts.get(port, 0) for port in PORTS)
+        print(
+            f"batch {window.get('batch'):>3} (window {window.get('window')}): {rows:>5} rows  "
+            f"{ports}  | {window.get('new_keys', 0)} new keys, "
+            f"{window.get('dropped_keys', 0)} forgotten",
+            file=self.out,
+            flush=True,
+        )
+
+
+class Stopper:
+    """Ctrl-C asks for a stop between batches; a second Ctrl-C asks for it at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.urgent = False
+        self.announced = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            self.urgent = True
+        self.requested = True
+
+    def __enter__(self) -> Stopper:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def follow(query: Any, watcher: WindowWatcher, stopper: Stopper) -> None:
+    """Wait for the query to end, printing windows as they commit; stop it on request."""
+    while True:
+        finished = query.awaitTermination(POLL_SECONDS)
+        watcher.poll()
+        if finished:
+            return
+        if stopper.requested and not stopper.announced:
+            stopper.announced = True
+            print(
+                "stopping after the current batch (Ctrl-C again to stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
+        if stopper.requested and (stopper.urgent or not query.status["isTriggerActive"]):
+            query.stop()
+
+
+# -- checkpoint, lease, summary ---------------------------------------------------------------
+
+
+def checkpoint_for(job: PreparedJob) -> tuple[str, bool]:
+    """The configured checkpoint, or a fresh one under the output (True: remove it after)."""
+    configured = job.config.get(CHECKPOINT)
+    if configured:
+        return configured, False
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = f"run-{stamp}-{uuid.uuid4().hex[:6]}"
+    return join_url(job.options.path, CHECKPOINTS_DIR, name), True
+
+
+def remove_checkpoint(url: str) -> None:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    with suppress(FileNotFoundError):
+        fs.rm(root, recursive=True)
+    parent = root.rsplit("/", 1)[0]
+    with suppress(FileNotFoundError, OSError):
+        if not fs.ls(parent, detail=False):
+            fs.rmdir(parent)
+
+
+def check_lease(job: PreparedJob) -> None:
+    """Refuse to start while another query holds a live lease on the store."""
+    if job.manifest is not None:
+        timeout_ms = job.options.owner_timeout.micros // 1000
+        check_owner(job.manifest, "", timeout_ms, job.store.url)
+
+
+def release_lease(store: BucketStore, query_id: str) -> bool:
+    if not query_id:
+        return False
+    try:
+        return release(store, query_id) is not None
+    except StoreError as exc:
+        log.warning("owner lease not released: %s", exc)
+        return False
+
+
+def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
+    store = job.store
+    manifest = store.read()
+    totals = manifest.totals if manifest else {}
+    this_run = {
+        port: sum(w.get("counts", {}).get(port, 0) for w in outcome.windows) for port in PORTS
+    }
+    rows = [
+        [port, this_run[port], totals.get(port, 0), join_url(job.options.path, port)]
+        for port in PORTS
+    ]
+    rows.append(["total", sum(this_run.values()), sum(totals.get(p, 0) for p in PORTS), ""])
+    state = "interrupted" if outcome.interrupted else "finished"
+    lines = [
+        "",
+        f"Run {state}: {len(outcome.windows)} batches in {outcome.seconds:.1f} s "
+        f"(query {outcome.query_id or '-'})",
+        *table(["port", "this run", "all runs", "Parquet files"], rows),
+    ]
+    lines += _store_lines(store, manifest)
+    lines.append(
+        "Owner lease released: the next run can start at once."
+        if released
+        else "Owner lease not released (see above)."
+    )
+    lines.append(f"Inspect: dedupsink inspect {job.options.path}")
+    return lines
+
+
+def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
+    if manifest is None:
+        return [f"Store {store.url}: empty"]
+    files, nbytes = store.disk_usage()
+    lines = [
+        f"Store {store.url}: {manifest.remembered_keys} remembered keys, "
+        f"{files} window files, {human_bytes(nbytes)}"
+    ]
+    settings = manifest.settings
+    period = settings.get("period")
+    if settings.get("mode") != "basic" and manifest.latest is not None and period is not None:
+        latest = point_text(manifest.latest, settings, manifest.categories)
+        expiry = point_text(manifest.latest - period, settings, manifest.categories)
+        lines.append(f"Latest point {latest}; expiry point {expiry}")
+    return lines
+
+
+def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
+    """Run a prepared job to its end (or Ctrl-C); returns the exit code."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    check_lease(job)
+    checkpoint, fresh = checkpoint_for(job)
+    outcome = RunOutcome()
+    watcher = WindowWatcher(job.store, out)
+    started = time.monotonic()
+    print(f"{job.config.origin}: {job.source_format} -> {job.options.path}", file=out, flush=True)
+    try:
+        with spark_session(job, log_level) as spark:
+            query = None
+            try:
+                query = start_query(spark, job, checkpoint)
+                outcome.query_id = watcher.query_id = str(query.id)
+                with Stopper() as stopper:
+                    follow(query, watcher, stopper)
+                    outcome.interrupted = stopper.requested
+            except (PySparkException, Py4JError) as exc:
+                raise failure_of(exc) from exc
+            finally:
+                if query is not None and query.isActive:
+                    query.stop()
+                watcher.poll()
+    finally:
+        outcome.windows = watcher.windows
+        outcome.seconds = time.monotonic() - started
+        released = release_lease(job.store, outcome.query_id)
+        if fresh:
+            remove_checkpoint(checkpoint)
+    for line in summary(job, outcome, released):
+        print(line, file=out)
+    return 130 if outcome.interrupted else 0

@@ -1,0 +1,329 @@
+"""The LRU bucket cache and the bucket manager in front of a real bucket store.
+
+A store is filled window by window the way the sink fills it (``run_task`` and the driver's
+``commit_window`` over Arrow record batches, two key-partitioned tasks a window, enough windows
+for buckets to be compacted). Each window is then classified again against the version it was
+committed on, through managers with room for one bucket, two buckets and every bucket: the
+answers must be identical, match the reference model and what the sink committed, and the cache
+counters must behave. A window file that no manifest references must never be served.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from reference import ReferenceDedup
+
+from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, stamp_dtype
+from dedupsink.engine.fingerprint import Fingerprints, fingerprint
+from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.settings import Settings, resolve
+from dedupsink.options import DedupOptions
+from dedupsink.sink.commit import commit_window
+from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+from dedupsink.store.cache import BucketCache, BucketManager, CachedBucket, manager_for
+from dedupsink.store.format import Manifest, encode_segments
+from dedupsink.store.store import BucketStore, window_file_name
+
+QUERY = "cache-query"
+UNBOUNDED = 1 << 16
+WINDOWS = 12
+
+MODES: dict[str, dict[str, Any]] = {
+    "basic": {
+        "schema": pa.schema([("id", pa.int64()), ("v", pa.string())]),
+        "options": {"keys": "id", "numBuckets": "64"},
+        "row": lambda i: {"id": i, "v": f"payload-{i}"},
+        "reference": ("basic", None),
+        "value": lambda r: None,
+    },
+    "ordered": {
+        "schema": pa.schema([("id", pa.int64()), ("n", pa.int64())]),
+        "options": {"keys": "id", "expiryKey": "n", "expiryPeriod": "60", "bucketSpan": "6"},
+        "row": lambda i: {"id": i, "n": i * 2},
+        "reference": ("ordered", 60),
+        "value": lambda r: r["n"],
+    },
+    "categorical": {
+        "schema": pa.schema([("id", pa.string()), ("cohort", pa.string())]),
+        "options": {"keys": "id", "expiryKey": "cohort", "expiryPeriod": "3", "numBuckets": "16"},
+        "row": lambda i: {"id": f"k{i}", "cohort": f"c{i // 8}"},
+        "reference": ("categorical", 3),
+        "value": lambda r: r["cohort"],
+    },
+}
+
+
+CAPACITIES = (1, 2, UNBOUNDED)
+
+
+@dataclass
+class FilledStore:
+    """A store after WINDOWS committed windows, and how managers of each capacity classified
+    every window against the version it was committed on (one long-lived manager per
+    capacity, moving forward version by version as in an executor process)."""
+
+    plan: SinkPlan
+    managers: dict[int, BucketManager]
+    windows: list[list[list[dict[str, Any]]]] = field(default_factory=list)  # window, task, rows
+    answers: dict[int, list[list[str]]] = field(default_factory=dict)  # capacity -> ports
+    committed_counts: list[dict[str, int]] = field(default_factory=list)
+    compacted_buckets: int = 0
+
+    @property
+    def store(self) -> BucketStore:
+        return self.plan.store
+
+    @property
+    def settings(self) -> Settings:
+        return self.plan.settings
+
+    @property
+    def mode(self) -> str:
+        return next(m for m, spec in MODES.items() if spec["schema"] == self.plan.schema)
+
+    def latest(self) -> Manifest:
+        manifest = self.store.read()
+        assert manifest is not None
+        return manifest
+
+
+def make_plan(root: Path, schema: pa.Schema, **raw: str) -> SinkPlan:
+    options = DedupOptions.parse({"path": str(root), **raw})
+    return SinkPlan(options, resolve(options, schema), schema)
+
+
+def window_ids(rng: random.Random, window: int) -> list[int]:
+    """Mostly current ids, some re-sent ones and some late (old) ones."""
+    ids = []
+    for _ in range(rng.randint(120, 200)):
+        draw = rng.random()
+        if draw < 0.7:
+            ids.append(rng.randrange(window * 40, window * 40 + 60))
+        else:
+            ids.append(rng.randrange(0, window * 40 + 1))
+    return ids
+
+
+def batch_of(rows: Sequence[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(list(rows), schema=schema)
+
+
+def new_manager(plan: SinkPlan, capacity: int) -> BucketManager:
+    return BucketManager(plan.store, BucketCache(capacity), stamp_dtype(plan.settings))
+
+
+def classify(
+    plan: SinkPlan, manager: BucketManager, manifest: Manifest, tasks: Sequence[Sequence[dict]]
+) -> list[str]:
+    """One window's rows, task after task, against a committed version through ``manager``."""
+    state = CommittedState(manifest.latest, manifest.category_ordinals())
+    classifier = WindowClassifier(plan.settings, state, manager.use(manifest))
+    ports: list[str] = []
+    for rows in tasks:
+        if rows:
+            result = classifier.classify(batch_of(rows, plan.schema))
+            ports.extend(PORTS[p] for p in result.ports.tolist())
+    return ports
+
+
+def key_number(row: dict[str, Any]) -> int:
+    key = row["id"]
+    return key if isinstance(key, int) else int(key[1:])
+
+
+def fill(root: Path, mode: str, seed: int = 3) -> FilledStore:
+    spec = MODES[mode]
+    plan = make_plan(root, spec["schema"], maxCachedBuckets="2", **spec["options"])
+    plan.store.open(plan.settings)
+    filled = FilledStore(plan, {cap: new_manager(plan, cap) for cap in CAPACITIES})
+    filled.answers = {cap: [] for cap in CAPACITIES}
+    rng = random.Random(seed)
+    for window in range(WINDOWS):
+        rows = [spec["row"](i) for i in window_ids(rng, window)]
+        # Two tasks, partitioned by key as `repartition(n, key)` would: no key in both.
+        tasks = [[r for r in rows if key_number(r) % 2 == p] for p in (0, 1)]
+        manifest = filled.latest()
+        for capacity, manager in filled.managers.items():
+            filled.answers[capacity].append(classify(plan, manager, manifest, tasks))
+        summaries = [
+            run_task(plan, TaskIdentity(QUERY, window, p, 0), iter([batch_of(t, plan.schema)]))
+            for p, t in enumerate(tasks)
+        ]
+        filled.compacted_buckets += sum(len(s.supersedes) for s in summaries)
+        report = commit_window(plan, summaries, window)
+        assert report is not None and report.window == window + 1
+        filled.windows.append(tasks)
+        filled.committed_counts.append(report.counts)
+    return filled
+
+
+@pytest.fixture(scope="module", params=sorted(MODES))
+def filled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> FilledStore:
+    return fill(tmp_path_factory.mktemp(f"cache-{request.param}"), request.param)
+
+
+# -- small caches answer like an unbounded one --------------------------------------------
+
+
+def test_the_filled_store_spans_many_buckets(filled: FilledStore) -> None:
+    last = filled.latest()
+    assert len(last.buckets) > 2
+    assert last.totals["windows"] == WINDOWS
+    if filled.mode == "basic":
+        # Without expiry every window adds segments: crowded buckets got compacted.
+        assert filled.compacted_buckets > 0
+
+
+@pytest.mark.parametrize("capacity", [1, 2])
+def test_small_cache_classifies_like_an_unbounded_one(filled: FilledStore, capacity: int) -> None:
+    assert filled.answers[capacity] == filled.answers[UNBOUNDED]
+
+
+def test_manager_answers_match_the_reference_and_the_commits(filled: FilledStore) -> None:
+    spec = MODES[filled.mode]
+    reference = ReferenceDedup(*spec["reference"])
+    for number, tasks in enumerate(filled.windows):
+        got = filled.answers[1][number]
+        rows = [row for task in tasks for row in task]
+        assert got == reference.window(rows, lambda r: r["id"], spec["value"]), f"window {number}"
+        counts = {port: got.count(port) for port in PORTS}
+        assert counts == filled.committed_counts[number], f"window {number}"
+
+
+def test_every_port_is_exercised(filled: FilledStore) -> None:
+    seen = {port for window in filled.answers[UNBOUNDED] for port in window}
+    assert {"unique", "duplicate"} <= seen
+    if filled.mode != "basic":
+        assert "expired" in seen
+
+
+# -- counters -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [1, 2])
+def test_cache_counters_with_a_small_capacity(filled: FilledStore, capacity: int) -> None:
+    tiny = filled.managers[capacity].cache.info()
+    full = filled.managers[UNBOUNDED].cache.info()
+    # The same lookups happen whatever the capacity; only where they are served differs.
+    assert tiny.hits + tiny.misses == full.hits + full.misses
+    assert tiny.size <= capacity == tiny.capacity
+    assert tiny.evictions > 0 and full.evictions == 0
+    assert tiny.misses > full.misses
+    assert full.misses == full.size  # unbounded: each bucket missed once, then kept
+
+
+def test_a_warm_cache_serves_a_repeated_window_from_memory(filled: FilledStore) -> None:
+    warm = new_manager(filled.plan, UNBOUNDED)
+    manifest, tasks = filled.latest(), filled.windows[-1]
+    first = classify(filled.plan, warm, manifest, tasks)
+    before = warm.cache.info()
+    assert before.misses > 0 and before.evictions == 0
+    assert classify(filled.plan, warm, manifest, tasks) == first
+    after = warm.cache.info()
+    assert after.misses == before.misses
+    assert after.hits - before.hits == before.hits + before.misses
+
+
+def test_lru_evicts_the_least_recently_used_bucket() -> None:
+    cache = BucketCache(2)
+    entry = CachedBucket(keys=KeySet.empty(None))
+    cache.put(1, entry)
+    cache.put(2, entry)
+    assert cache.get(1) is entry  # 1 is now the most recent
+    cache.put(3, entry)  # evicts 2
+    assert cache.get(2) is None
+    assert cache.get(3) is entry and cache.get(1) is entry
+    assert cache.info() == (3, 1, 1, 2, 2)
+    cache.clear()
+    assert cache.info().size == 0 and cache.nbytes == 0
+
+
+def test_capacity_one_keeps_only_the_last_bucket() -> None:
+    cache = BucketCache(1)
+    entry = CachedBucket(keys=KeySet.empty(None))
+    for bucket in range(10):
+        cache.put(bucket, entry)
+    assert cache.info().evictions == 9
+    assert cache.get(9) is entry and cache.get(8) is None
+
+
+# -- uncommitted window files are never served --------------------------------------------
+
+
+SCHEMA = MODES["basic"]["schema"]
+
+
+def fps_of(ids: Sequence[int]) -> Fingerprints:
+    return fingerprint([pa.array(ids, pa.int64())])
+
+
+def remembered(manager: BucketManager, manifest: Manifest, ids: Sequence[int]) -> list[bool]:
+    fps = fps_of(ids)
+    buckets = (fps.h1 % np.uint64(manifest.settings["bucket_count"])).astype(np.int64)
+    return manager.use(manifest).remembered(buckets, fps, None).tolist()
+
+
+def one_window(plan: SinkPlan, batch_id: int, ids: Sequence[int], commit: bool = True) -> None:
+    rows = [MODES["basic"]["row"](i) for i in ids]
+    summary = run_task(plan, TaskIdentity(QUERY, batch_id, 0, 0), iter([batch_of(rows, SCHEMA)]))
+    if commit:
+        assert commit_window(plan, [summary], batch_id) is not None
+
+
+def test_keys_of_an_uncommitted_task_are_not_served(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, SCHEMA, keys="id", numBuckets="64", maxCachedBuckets="2")
+    one_window(plan, 0, range(0, 100))
+    one_window(plan, 1, range(100, 200), commit=False)  # its window file is written, not committed
+    store = plan.store
+    v1 = store.read()
+    assert v1 is not None and v1.version == 1
+    assert len(store.fs.ls(store.path("data"), detail=False)) == 2
+    # The process's own manager (the one the task used) and a fresh one agree.
+    process = manager_for(store, v1, 2, None)
+    for candidate in (process, BucketManager(store, BucketCache(64), None)):
+        assert remembered(candidate, v1, range(100, 200)) == [False] * 100
+        assert remembered(candidate, v1, range(0, 100)) == [True] * 100
+
+
+def test_a_stray_window_file_is_invisible_until_a_manifest_references_it(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, SCHEMA, keys="id", numBuckets="64")
+    one_window(plan, 0, range(10))
+    store = plan.store
+    v1 = store.read()
+    assert v1 is not None
+    warm = BucketManager(store, BucketCache(64), None)
+    assert remembered(warm, v1, range(10)) == [True] * 10
+    # A window file of the next window, complete and valid, that no manifest references yet.
+    stray, name = fps_of(range(500, 600)), window_file_name(2, 0)
+    buckets = (stray.h1 % np.uint64(64)).astype(np.int64)
+    data, _ = encode_segments(buckets, stray.h1, stray.h2, None, name)
+    store.write_window_file(name, data)
+    for manager in (warm, BucketManager(store, BucketCache(64), None)):
+        assert remembered(manager, v1, range(500, 600)) == [False] * 100
+        assert remembered(manager, v1, range(10)) == [True] * 10
+
+
+def test_a_warm_manager_sees_keys_once_their_window_commits(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, SCHEMA, keys="id", numBuckets="64")
+    one_window(plan, 0, range(50))
+    store = plan.store
+    warm = BucketManager(store, BucketCache(64), None)
+    v1 = store.read()
+    assert v1 is not None
+    assert remembered(warm, v1, range(50, 100)) == [False] * 50
+    one_window(plan, 1, range(50, 100))
+    v2 = store.read()
+    assert v2 is not None
+    assert remembered(warm, v2, range(100)) == [True] * 100
+    # Going back to the older version serves only what that version had committed.
+    assert (
+        remembered(BucketManager(store, BucketCache(64), None), v1, range(50, 100)) == [False] * 50
+    )

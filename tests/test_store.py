@@ -1,0 +1,716 @@
+"""The bucket store's contract, on the local disk and on fsspec's ``memory://`` filesystem.
+
+Every test of the contract suite runs against both fixtures (a fresh root each): creating and
+reopening a store with its settings, refusing changed settings, committing and re-reading
+manifests, older versions staying readable, the window-file format and its checksums, corrupt
+files named in ``StoreCorruptError``, and expired window files dropped from the index and
+deleted after their grace. Windows are written the way the sink writes them, with
+``sink.task.run_task`` over plain Arrow record batches and the driver's ``sink.commit``, no
+Spark. The crash-injection tests use ``tests/faultfs.py`` to fail every write, rename and
+delete step of a commit (and of a task) in turn.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import shutil
+import uuid
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from faultfs import FAULTS, count_steps, fault_url
+
+from dedupsink.engine.classify import PORTS, stamp_dtype
+from dedupsink.engine.fingerprint import fingerprint
+from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.settings import Settings, resolve
+from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
+from dedupsink.options import DedupOptions
+from dedupsink.sink.commit import CommitReport, commit_window
+from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, run_task
+from dedupsink.store.cache import BucketCache, BucketManager
+from dedupsink.store.format import (
+    WINDOW_MAGIC,
+    Manifest,
+    PortState,
+    Segment,
+    WindowFile,
+    decode_segment,
+    encode_segments,
+)
+from dedupsink.store.store import KEEP_MANIFESTS, TOMBSTONE_GRACE_VERSIONS, BucketStore
+
+SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int64())])
+ORDERED = {"keys": "id", "expiryKey": "n", "expiryPeriod": "10", "bucketSpan": "5"}
+QUERY = "query-1"
+
+
+@pytest.fixture(params=["local", "memory"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh output root: a local directory or a ``memory://`` one."""
+    if request.param == "local":
+        yield str(tmp_path / "out")
+        return
+    url = f"memory://dedup-{uuid.uuid4().hex}/out"
+    yield url
+    fs, path = fsspec.core.url_to_fs(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def make_plan(root: str, **raw: str) -> SinkPlan:
+    options = DedupOptions.parse({"path": root, **(raw or ORDERED)})
+    return SinkPlan(options, resolve(options, SCHEMA), SCHEMA)
+
+
+def rows(ids: Sequence[int | None], ns: Sequence[int | None]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(ids, pa.int64()), pa.array(ns, pa.int64())], schema=SCHEMA)
+
+
+def run_tasks(
+    plan: SinkPlan, batch_id: int, partitions: Sequence[Sequence[pa.RecordBatch]]
+) -> list[TaskSummary]:
+    return [
+        run_task(plan, TaskIdentity(QUERY, batch_id, partition, 0), iter(batches))
+        for partition, batches in enumerate(partitions)
+    ]
+
+
+def run_window(
+    plan: SinkPlan, batch_id: int, *partitions: Sequence[pa.RecordBatch]
+) -> CommitReport:
+    report = commit_window(plan, run_tasks(plan, batch_id, partitions), batch_id)
+    assert report is not None
+    return report
+
+
+def all_keys(store: BucketStore, manifest: Manifest, settings: Settings) -> dict[int, KeySet]:
+    """Every committed key of a version, read afresh (no cache shared with anything else)."""
+    manager = BucketManager(store, BucketCache(1 << 20), stamp_dtype(settings)).use(manifest)
+    return manager.load(sorted(manifest.buckets), None)
+
+
+def key_summary(keys: dict[int, KeySet]) -> dict[int, list[tuple[int, int, float | None]]]:
+    out = {}
+    for bucket, keyset in keys.items():
+        stamps = [None] * len(keyset) if keyset.stamps is None else keyset.stamps.tolist()
+        out[bucket] = sorted(zip(keyset.h1.tolist(), keyset.h2.tolist(), stamps, strict=True))
+    return out
+
+
+def data_files(store: BucketStore) -> set[str]:
+    try:
+        return {n.rstrip("/").rsplit("/", 1)[-1] for n in store.fs.ls(store.path("data"), False)}
+    except FileNotFoundError:
+        return set()
+
+
+def flip_byte(store: BucketStore, path: str, position: int) -> None:
+    data = bytearray(store.fs.cat_file(path))
+    data[position] ^= 0x40
+    store.fs.pipe_file(path, bytes(data))
+
+
+def truncate(store: BucketStore, path: str, keep: int) -> None:
+    store.fs.pipe_file(path, store.fs.cat_file(path)[:keep])
+
+
+# -- creating, opening, settings ----------------------------------------------------------
+
+
+def test_open_creates_version_zero_with_the_settings(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    assert store.read() is None and store.versions() == []
+    manifest = store.open(plan.settings)
+    assert manifest.version == 0
+    assert store.versions() == [0]
+    assert manifest.settings == plan.settings.identity()
+    assert store.read() == manifest
+
+
+def test_reopen_returns_the_same_store(root: str) -> None:
+    plan = make_plan(root)
+    first = plan.store.open(plan.settings)
+    again = BucketStore(plan.options.store_path).open(plan.settings)
+    assert again.store_id == first.store_id
+    assert again.version == 0
+
+
+@pytest.mark.parametrize(
+    ("changed", "option"),
+    [
+        ({**ORDERED, "keys": "n"}, "keys"),
+        ({**ORDERED, "expiryPeriod": "20"}, "expiryPeriod"),
+        ({**ORDERED, "bucketSpan": "2"}, "bucketSpan"),
+        ({"keys": "id"}, "expiryMode"),
+        ({**ORDERED, "expiryKey": "id", "keys": "n"}, "keys"),
+    ],
+)
+def test_changed_settings_are_refused_naming_the_option(
+    root: str, changed: dict[str, str], option: str
+) -> None:
+    plan = make_plan(root)
+    plan.store.open(plan.settings)
+    other = make_plan(root, **changed)
+    with pytest.raises(StoreSettingsError) as caught:
+        other.store.open(other.settings)
+    assert caught.value.option == option
+    assert option in str(caught.value)
+    assert "was created with" in str(caught.value)
+
+
+def test_changed_bucket_count_is_refused_in_basic_mode(root: str) -> None:
+    plan = make_plan(root, keys="id", numBuckets="16")
+    plan.store.open(plan.settings)
+    other = make_plan(root, keys="id", numBuckets="32")
+    with pytest.raises(StoreSettingsError) as caught:
+        other.store.open(other.settings)
+    assert (caught.value.option, caught.value.value) == ("numBuckets", 32)
+
+
+def test_changed_key_type_is_refused(root: str) -> None:
+    plan = make_plan(root)
+    plan.store.open(plan.settings)
+    schema = pa.schema([("id", pa.string()), ("n", pa.int64())])
+    settings = resolve(plan.options, schema)
+    with pytest.raises(StoreSettingsError) as caught:
+        plan.store.open(settings)
+    assert caught.value.option == "keys"
+    assert "id: int64 -> string" in str(caught.value)
+
+
+def test_max_expiry_jump_may_change_on_reopen(root: str) -> None:
+    plan = make_plan(root)
+    plan.store.open(plan.settings)
+    jumpy = make_plan(root, **ORDERED, maxExpiryJump="100")
+    assert jumpy.store.open(jumpy.settings).version == 0
+
+
+# -- manifests and versions ---------------------------------------------------------------
+
+
+def rich_manifest(version: int, settings: Settings) -> Manifest:
+    segment = Segment("w0000000001-p00000-abc.keys", 8, 48, 2, 12345)
+    return Manifest(
+        version=version,
+        store_id="s" * 32,
+        settings=settings.identity(),
+        committed_ms=1_700_000_000_000,
+        latest=42.0,
+        categories=["a", "b"],
+        files={
+            segment.file: WindowFile(segment.file, 1, 0, 2, 56, [3], 41.0, ["b"]),
+        },
+        buckets={3: [segment]},
+        owner={"query": QUERY, "heartbeat_ms": 1},
+        queries={QUERY: 7},
+        tombstones=[("w0000000000-p00001-def.keys", version)],
+        ports={"unique": PortState(3, 2, 10)},
+        publish={"window": version, "token": "t", "moves": [["a", "b"]], "logs": {}},
+        last_window={"window": version, "counts": {"unique": 1}},
+        totals={"remembered": 2},
+    )
+
+
+def test_manifest_round_trips_through_bytes(root: str) -> None:
+    manifest = rich_manifest(1, make_plan(root).settings)
+    assert Manifest.from_bytes(manifest.to_bytes(), "m") == manifest
+
+
+def test_committed_manifest_reads_back_equal(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    store.open(plan.settings)
+    manifest = rich_manifest(1, plan.settings)
+    store.commit(manifest)
+    reopened = BucketStore(plan.options.store_path)
+    assert reopened.versions() == [0, 1]
+    assert reopened.read() == manifest
+    assert reopened.read(0) is not None and reopened.read(0).version == 0  # type: ignore[union-attr]
+    assert reopened.read(5) is None
+
+
+def test_committing_an_existing_version_is_a_conflict(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    store.open(plan.settings)
+    store.commit(rich_manifest(1, plan.settings))
+    with pytest.raises(StoreConflictError):
+        store.commit(rich_manifest(1, plan.settings))
+    assert store.read() == rich_manifest(1, plan.settings)
+
+
+def test_commit_leaves_no_temporary_files(root: str) -> None:
+    plan = make_plan(root)
+    plan.store.open(plan.settings)
+    run_window(plan, 0, [rows([1, 2], [1, 2])])
+    names = [n.rsplit("/", 1)[-1] for n in plan.store.fs.ls(plan.store.path("_log"), False)]
+    assert not [n for n in names if n.endswith(".tmp")]
+
+
+def test_windows_commit_versions_and_reopen_with_their_keys(root: str) -> None:
+    plan = make_plan(root)
+    report = run_window(plan, 0, [rows([1, 2, 2, None], [1, 2, 2, 3])])
+    assert report.counts == {"unique": 2, "duplicate": 1, "expired": 0, "error": 1}
+    run_window(plan, 1, [rows([1, 3], [1, 4])])
+    store = BucketStore(plan.options.store_path)
+    manifest = store.read()
+    assert manifest is not None
+    assert (manifest.version, manifest.latest, manifest.queries) == (2, 4, {QUERY: 1})
+    assert manifest.totals["remembered"] == 3
+    assert sum(len(k) for k in all_keys(store, manifest, plan.settings).values()) == 3
+    assert store.versions() == [0, 1, 2]
+
+
+def test_an_older_version_stays_readable_after_the_next_commit(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    run_window(plan, 0, [rows([1, 2, 3], [0, 1, 7])])
+    v1 = store.read()
+    assert v1 is not None
+    before = key_summary(all_keys(store, v1, plan.settings))
+    raw_before = store.fs.cat_file(store.manifest_path(1))
+    # Version 2 moves the latest point far ahead, which drops version 1's window file.
+    run_window(plan, 1, [rows([4, 5], [40, 41])])
+    v2 = store.read()
+    assert v2 is not None and v2.version == 2
+    assert not set(v1.files) & set(v2.files)
+    assert store.fs.cat_file(store.manifest_path(1)) == raw_before
+    again = store.read(1)
+    assert again == v1
+    assert key_summary(all_keys(store, again, plan.settings)) == before
+
+
+def test_old_manifests_beyond_the_kept_number_are_deleted(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    manifest = store.open(plan.settings)
+    for version in range(1, KEEP_MANIFESTS + 3):
+        manifest = Manifest.from_bytes(manifest.to_bytes(), "m")
+        manifest.version = version
+        store.commit(manifest)
+        store.collect_garbage(manifest)
+    versions = store.versions()
+    assert versions[-1] == KEEP_MANIFESTS + 2
+    assert versions == list(range(3, KEEP_MANIFESTS + 3))  # the last KEEP_MANIFESTS
+    assert store.read() == manifest
+
+
+# -- window files -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stamps_kind", ["none", "int", "float"])
+def test_window_file_round_trips_every_segment(root: str, stamps_kind: str) -> None:
+    rng = np.random.default_rng(7)
+    n = 500
+    buckets = rng.integers(0, 13, n)
+    h1 = rng.integers(0, 2**64, n, dtype=np.uint64)
+    h2 = rng.integers(0, 2**64, n, dtype=np.uint64)
+    dtype = {"none": None, "int": np.dtype(np.int64), "float": np.dtype(np.float64)}[stamps_kind]
+    stamps = None if dtype is None else (rng.standard_normal(n) * 1e6).astype(dtype)
+    name = "w0000000001-p00000-000000000000.keys"
+    data, segments = encode_segments(buckets, h1, h2, stamps, name)
+    assert data.startswith(WINDOW_MAGIC)
+    assert len(data) == len(WINDOW_MAGIC) + n * 8 * (2 + (stamps is not None))
+    store = make_plan(root).store
+    store.write_window_file(name, data)
+    fetched = store.fetch(list(segments.values()))
+    for (bucket, segment), raw in zip(segments.items(), fetched, strict=True):
+        decoded = decode_segment(raw, segment, dtype, store.data_path(name))
+        mine = buckets == bucket
+        assert segment.count == int(mine.sum())
+        assert decoded.h1.tolist() == h1[mine].tolist()
+        assert decoded.h2.tolist() == h2[mine].tolist()
+        if stamps is None:
+            assert decoded.stamps is None
+        else:
+            assert decoded.stamps is not None
+            assert decoded.stamps.tolist() == stamps[mine].tolist()
+        assert segment.crc == zlib.crc32(raw)
+
+
+def test_segment_with_a_flipped_bit_is_corrupt() -> None:
+    buckets = np.array([0, 0, 1])
+    h = np.arange(3, dtype=np.uint64)
+    data, segments = encode_segments(buckets, h, h, None, "f.keys")
+    segment = segments[0]
+    raw = bytearray(data[segment.offset : segment.offset + segment.length])
+    raw[3] ^= 1
+    with pytest.raises(StoreCorruptError) as caught:
+        decode_segment(bytes(raw), segment, None, "/store/data/f.keys")
+    assert caught.value.path == "/store/data/f.keys"
+    assert "checksum" in str(caught.value)
+
+
+def test_segment_of_the_wrong_length_is_corrupt() -> None:
+    data, segments = encode_segments(
+        np.array([0]), np.ones(1, np.uint64), np.ones(1, np.uint64), None, "f"
+    )
+    segment = segments[0]
+    short = data[segment.offset : segment.offset + segment.length - 1]
+    with pytest.raises(StoreCorruptError, match="index says"):
+        decode_segment(short, segment, None, "f")
+
+
+def committed_with_keys(root: str) -> tuple[SinkPlan, BucketStore, Manifest, str]:
+    plan = make_plan(root)
+    run_window(plan, 0, [rows(list(range(1, 9)), [1, 2, 3, 4, 6, 7, 8, 9])])
+    store = plan.store
+    manifest = store.read()
+    assert manifest is not None
+    (name,) = manifest.files
+    return plan, store, manifest, store.data_path(name)
+
+
+def test_bit_flipped_window_file_is_corrupt_naming_the_path(root: str) -> None:
+    plan, store, manifest, path = committed_with_keys(root)
+    flip_byte(store, path, len(WINDOW_MAGIC) + 5)
+    with pytest.raises(StoreCorruptError) as caught:
+        all_keys(store, manifest, plan.settings)
+    assert caught.value.path == path
+    assert path in str(caught.value)
+
+
+def test_truncated_window_file_is_corrupt_naming_the_path(root: str) -> None:
+    plan, store, manifest, path = committed_with_keys(root)
+    truncate(store, path, len(WINDOW_MAGIC) + 30)
+    with pytest.raises(StoreCorruptError) as caught:
+        all_keys(store, manifest, plan.settings)
+    assert caught.value.path == path
+
+
+def test_missing_window_file_is_corrupt_not_empty(root: str) -> None:
+    plan, store, manifest, path = committed_with_keys(root)
+    store.fs.rm_file(path)
+    with pytest.raises(StoreCorruptError, match="missing") as caught:
+        all_keys(store, manifest, plan.settings)
+    assert caught.value.path == path
+
+
+def test_a_corrupt_window_file_stops_the_next_task(root: str) -> None:
+    plan, store, _, path = committed_with_keys(root)
+    flip_byte(store, path, len(WINDOW_MAGIC) + 1)
+    # The process's bucket cache, warmed by the first window, must not hide the damage.
+    with pytest.raises(StoreCorruptError):
+        run_tasks(plan, 1, [[rows(list(range(1, 9)), [1, 2, 3, 4, 6, 7, 8, 9])]])
+
+
+@pytest.mark.parametrize("keep", [0, 3, 16, 40])
+def test_truncated_manifest_is_corrupt_naming_the_path(root: str, keep: int) -> None:
+    _, store, manifest, _ = committed_with_keys(root)
+    path = store.manifest_path(manifest.version)
+    truncate(store, path, keep)
+    with pytest.raises(StoreCorruptError) as caught:
+        store.read()
+    assert caught.value.path == path
+    assert path in str(caught.value)
+
+
+@pytest.mark.parametrize("position", [0, 5, 20, -1])
+def test_bit_flipped_manifest_is_corrupt_naming_the_path(root: str, position: int) -> None:
+    _, store, manifest, _ = committed_with_keys(root)
+    path = store.manifest_path(manifest.version)
+    size = len(store.fs.cat_file(path))
+    flip_byte(store, path, position % size)
+    with pytest.raises(StoreCorruptError) as caught:
+        store.read(manifest.version)
+    assert caught.value.path == path
+
+
+# -- expiry and garbage -------------------------------------------------------------------
+
+
+def test_expired_window_files_are_dropped_then_deleted_after_the_grace(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    run_window(plan, 0, [rows([1, 2], [0, 1])])
+    first = store.read()
+    assert first is not None
+    (old,) = first.files
+    run_window(plan, 1, [rows([3], [20])])  # latest 20, E = 10: the first file is expired
+    dropped = store.read()
+    assert dropped is not None
+    assert old not in dropped.files
+    assert all(s.file != old for segments in dropped.buckets.values() for s in segments)
+    assert (old, 2) in dropped.tombstones
+    assert dropped.totals["remembered"] == 1
+    for batch_id in range(2, 2 + TOMBSTONE_GRACE_VERSIONS):
+        assert old in data_files(store), "deleted before its grace"
+        run_window(plan, batch_id, [rows([10 + batch_id], [20 + batch_id])])
+    assert old not in data_files(store)
+    run_window(plan, 9, [rows([30], [30])])
+    latest = store.read()
+    assert latest is not None
+    assert all(name != old for name, _ in latest.tombstones), "a deleted file stays listed"
+
+
+def test_collect_garbage_deletes_only_tombstones_past_their_grace(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    manifest = store.open(plan.settings)
+    for name in ("a.keys", "b.keys"):
+        store.write_window_file(name, WINDOW_MAGIC)
+    manifest.version = 5
+    manifest.tombstones = [("a.keys", 3), ("b.keys", 4)]
+    assert store.collect_garbage(manifest) == ["a.keys"]
+    assert data_files(store) == {"b.keys"}
+
+
+def stamps_after_compaction(tmp_path: Path, **raw: str) -> tuple[list[float], list[float]]:
+    """One bucket, one new key a window, until the bucket is compacted; then each key's stamp
+    as stored at its own window and as the bucket holds it after compaction."""
+    plan = make_plan(str(tmp_path / "out"), **raw)
+    store = plan.store
+    compacted = False
+    window_stamps: list[float] = []
+    for batch_id in range(12):
+        summaries = run_tasks(plan, batch_id, [[rows([batch_id], [100 + batch_id])]])
+        compacted = compacted or bool(summaries[0].supersedes)
+        assert commit_window(plan, summaries, batch_id) is not None
+        latest = store.read()
+        assert latest is not None and latest.latest is not None
+        window_stamps.append(100 + batch_id if plan.settings.stores_stamps else latest.latest)
+    manifest = store.read()
+    assert manifest is not None
+    if plan.settings.mode != "systemTime":
+        assert compacted, "no compaction happened: the test proves nothing"
+        assert len(manifest.buckets[0]) < 12
+    else:
+        assert not compacted, "systemTime keys must not be folded into a newer window's file"
+    keys = all_keys(store, manifest, plan.settings)[0]
+    assert keys.stamps is not None
+    fps = fingerprint([pa.array(range(12), pa.int64())])
+    held = [float(keys.stamps[np.flatnonzero(keys.h1 == h)[0]]) for h in fps.h1]
+    return [float(s) for s in window_stamps], held
+
+
+def test_compaction_keeps_each_keys_expiry_value(tmp_path: Path) -> None:
+    raw = {"keys": "id", "expiryKey": "n", "expiryPeriod": "1000", "bucketSpan": "1000"}
+    stored, held = stamps_after_compaction(tmp_path, **raw)
+    assert held == stored
+
+
+def test_system_time_keys_keep_their_window_time_as_segments_pile_up(tmp_path: Path) -> None:
+    raw = {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 hour", "numBuckets": "1"}
+    stored, held = stamps_after_compaction(tmp_path, **raw)
+    assert held == stored
+
+
+def test_rerun_of_a_committed_batch_changes_nothing(root: str) -> None:
+    plan = make_plan(root)
+    run_window(plan, 0, [rows([1, 2], [1, 2])])
+    before = plan.store.read()
+    summaries = run_tasks(plan, 0, [[rows([1, 2], [1, 2])]])
+    assert summaries[0].skipped
+    report = commit_window(plan, summaries, 0)
+    assert report is not None and report.already_committed
+    assert plan.store.read() == before
+
+
+# -- crash injection (local disk through faultfs) -----------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def no_faults() -> Iterator[None]:
+    FAULTS.reset()
+    yield
+    FAULTS.reset()
+
+
+def port_rows(root: Path) -> dict[str, list[int]]:
+    """The ids each port holds, as a reader of the published files sees them."""
+    out = {}
+    for port in PORTS:
+        folder = root / port
+        if not folder.exists():
+            out[port] = []
+            continue
+        table = ds.dataset(str(folder), format="parquet").to_table()
+        out[port] = sorted(table.column("id").to_pylist(), key=lambda v: (v is None, v or 0))
+    return out
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+CRASH_WINDOW = (
+    # Partition 0: new keys, a re-sent key of window 3, an expired row and an error row.
+    [rows([6, 7, 5, 1, None], [23, 24, 22, 0, 23])],
+    # Partition 1: key 7 again (new in partition 0 too: settled at commit) and a new key.
+    [rows([7, 8], [24, 25])],
+)
+
+
+class CrashScene:
+    """Three committed windows (the third's commit due to delete an expired window file) and
+    the staged, uncommitted task output of a fourth, on local disk, copied afresh per attempt."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.template = base / "template"
+        plan = self.plan(self.template)
+        run_window(plan, 0, [rows([1, 2], [0, 1])])
+        run_window(plan, 1, [rows([3, 4], [20, 21])])  # drops window 1's file
+        run_window(plan, 2, [rows([5], [22])])
+        self.summaries = run_tasks(plan, 3, CRASH_WINDOW)
+        store = plan.store
+        committed = store.read()
+        assert committed is not None and committed.version == 3
+        self.v3 = committed
+        self.v3_keys = key_summary(all_keys(store, committed, plan.settings))
+        self.v3_ports = port_rows(self.template)
+        # Window 1's file, dropped at version 2: the fourth commit is the one to delete it.
+        self.doomed = {name for name, dropped in committed.tombstones if dropped == 2}
+        assert self.doomed and self.doomed <= data_files(store)
+        self.copies = 0
+
+    @staticmethod
+    def plan(root: Path) -> SinkPlan:
+        return make_plan(fault_url(root))
+
+    def fresh(self) -> Path:
+        self.copies += 1
+        target = self.base / f"attempt-{self.copies}"
+        shutil.copytree(self.template, target)
+        return target
+
+    def commit(self, root: Path) -> CommitReport | None:
+        return commit_window(self.plan(root), copy.deepcopy(self.summaries), 3)
+
+    def assert_v3_intact(self, root: Path) -> None:
+        plan = self.plan(root)
+        store = plan.store
+        assert store.fs.cat_file(store.manifest_path(3)) == self.v3.to_bytes()
+        v3 = store.read(3)
+        assert v3 == self.v3
+        assert key_summary(all_keys(store, v3, plan.settings)) == self.v3_keys
+
+
+@pytest.fixture(scope="module")
+def crash_scene(tmp_path_factory: pytest.TempPathFactory) -> CrashScene:
+    return CrashScene(tmp_path_factory.mktemp("crash"))
+
+
+@pytest.fixture(scope="module")
+def golden(crash_scene: CrashScene) -> dict[str, Any]:
+    """The outcome of the fourth window's commit when nothing fails."""
+    root = crash_scene.fresh()
+    report = crash_scene.commit(root)
+    assert report is not None and not report.already_committed
+    assert report.cross_partition_duplicates == 1
+    store = crash_scene.plan(root).store
+    manifest = store.read()
+    assert manifest is not None and manifest.version == 4
+    return {
+        "ports": port_rows(root),
+        "keys": key_summary(all_keys(store, manifest, crash_scene.plan(root).settings)),
+        "latest": manifest.latest,
+        "files": data_files(store),
+        "counts": report.counts,
+    }
+
+
+def commit_steps(scene: CrashScene) -> int:
+    return count_steps(lambda: scene.commit(scene.fresh()))
+
+
+def test_crash_scene_commit_writes_renames_and_deletes(
+    crash_scene: CrashScene, golden: dict[str, Any]
+) -> None:
+    root = crash_scene.fresh()
+    with FAULTS.counting():
+        crash_scene.commit(root)
+        operations = {operation for _, operation, _ in FAULTS.log}
+    assert {"pipe_file", "mv", "rm", "rm_file", "makedirs", "open(wb)"} <= operations
+    assert golden["counts"] == {"unique": 3, "duplicate": 2, "expired": 1, "error": 1}
+    assert golden["ports"] == {
+        "unique": [1, 2, 3, 4, 5, 6, 7, 8],
+        "duplicate": [5, 7],
+        "expired": [1],
+        "error": [None],
+    }
+    assert not crash_scene.doomed & golden["files"]
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+def test_a_commit_failing_at_any_step_keeps_the_previous_version_and_retries(
+    crash_scene: CrashScene, golden: dict[str, Any], error: int
+) -> None:
+    steps = commit_steps(crash_scene)
+    assert steps > 10
+    for k in range(1, steps + 1):
+        root = crash_scene.fresh()
+        with FAULTS.failing_at(k, error=error, torn=True), pytest.raises(OSError) as caught:
+            crash_scene.commit(root)
+        assert caught.value.errno == error
+        (failed,) = FAULTS.failed
+        where = f"step {k}: {failed[1]} {failed[2]}"
+        crash_scene.assert_v3_intact(root)
+        store = crash_scene.plan(root).store
+        if store.versions()[-1] == 3:
+            assert port_rows(root) == crash_scene.v3_ports, where
+        report = crash_scene.commit(root)
+        assert report is not None, where
+        manifest = store.read()
+        assert manifest is not None and manifest.version == 4, where
+        assert manifest.latest == golden["latest"], where
+        assert (
+            key_summary(all_keys(store, manifest, crash_scene.plan(root).settings))
+            == golden["keys"]
+        ), where
+        assert port_rows(root) == golden["ports"], where
+        crash_scene.assert_v3_intact(root)
+
+
+def test_a_dead_disk_from_any_step_on_keeps_the_previous_version(
+    crash_scene: CrashScene, golden: dict[str, Any]
+) -> None:
+    steps = commit_steps(crash_scene)
+    for k in range(1, steps + 1, 3):
+        root = crash_scene.fresh()
+        with FAULTS.failing_at(k, error=errno.EIO, persistent=True):
+            try:
+                crash_scene.commit(root)
+            except OSError:
+                pass
+            else:  # only the best-effort clean-up after the commit point failed
+                assert crash_scene.plan(root).store.read().version == 4  # type: ignore[union-attr]
+        crash_scene.assert_v3_intact(root)
+        assert crash_scene.commit(root) is not None
+        assert port_rows(root) == golden["ports"], f"step {k}"
+
+
+def test_a_task_failing_at_any_step_is_retried_by_a_new_attempt(
+    crash_scene: CrashScene, golden: dict[str, Any]
+) -> None:
+    def task(root: Path, attempt: int) -> TaskSummary:
+        identity = TaskIdentity(QUERY, 3, 1, attempt)
+        return run_task(crash_scene.plan(root), identity, iter(CRASH_WINDOW[1]))
+
+    steps = count_steps(lambda: task(crash_scene.fresh(), 1))
+    assert steps >= 3
+    for k in range(1, steps + 1):
+        root = crash_scene.fresh()
+        with FAULTS.failing_at(k, torn=True), pytest.raises(OSError):
+            task(root, 1)
+        crash_scene.assert_v3_intact(root)
+        summaries = [copy.deepcopy(crash_scene.summaries[0]), task(root, 2)]
+        assert commit_window(crash_scene.plan(root), summaries, 3) is not None
+        store = crash_scene.plan(root).store
+        manifest = store.read()
+        assert manifest is not None and manifest.version == 4
+        assert port_rows(root) == golden["ports"], f"step {k}"
+        keys = key_summary(all_keys(store, manifest, crash_scene.plan(root).settings))
+        assert keys == golden["keys"], f"step {k}"
