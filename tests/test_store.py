@@ -478,14 +478,12 @@ def stamps_after_compaction(tmp_path: Path, **raw: str) -> tuple[list[float], li
         assert commit_window(plan, summaries, batch_id) is not None
         latest = store.read()
         assert latest is not None and latest.latest is not None
-        window_stamps.append(100 + batch_id if plan.settings.stores_stamps else latest.latest)
+        system_time = plan.settings.mode == "systemTime"
+        window_stamps.append(latest.latest if system_time else 100 + batch_id)
     manifest = store.read()
     assert manifest is not None
-    if plan.settings.mode != "systemTime":
-        assert compacted, "no compaction happened: the test proves nothing"
-        assert len(manifest.buckets[0]) < 12
-    else:
-        assert not compacted, "systemTime keys must not be folded into a newer window's file"
+    assert compacted, "no compaction happened: the test proves nothing"
+    assert len(manifest.buckets[0]) < 12
     keys = all_keys(store, manifest, plan.settings)[0]
     assert keys.stamps is not None
     fps = fingerprint([pa.array(range(12), pa.int64())])
@@ -499,7 +497,7 @@ def test_compaction_keeps_each_keys_expiry_value(tmp_path: Path) -> None:
     assert held == stored
 
 
-def test_system_time_keys_keep_their_window_time_as_segments_pile_up(tmp_path: Path) -> None:
+def test_compaction_keeps_each_system_time_keys_window_time(tmp_path: Path) -> None:
     raw = {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 hour", "numBuckets": "1"}
     stored, held = stamps_after_compaction(tmp_path, **raw)
     assert held == stored

@@ -23,6 +23,8 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import ERROR_COLUMN, Settings, column
 
 UNIQUE, DUPLICATE, EXPIRED, ERROR = 0, 1, 2, 3
+# systemTime keys are stored before their window's time is known (the commit sets it).
+WINDOW_TIME_PLACEHOLDER = -1
 PORTS = ("unique", "duplicate", "expired", "error")
 
 
@@ -171,7 +173,9 @@ class WindowClassifier:
         seen |= self._pending.contains(first_fps)
         fresh = first[~seen]
         ports[candidates[fresh]] = UNIQUE
-        new_stamps = None if stamps is None or not self.settings.stores_stamps else stamps[fresh]
+        new_stamps = None if stamps is None else stamps[fresh]
+        if self.settings.mode == "systemTime":
+            new_stamps = np.full(len(fresh), WINDOW_TIME_PLACEHOLDER, dtype=np.int64)
         new = NewKeys(fps.h1[fresh], fps.h2[fresh], buckets[~seen], new_stamps)
         self._new.append(new)
         self._pending = self._pending.merge(KeySet.build(new.h1, new.h2, None))

@@ -60,8 +60,9 @@ class Settings:
 
     @property
     def stores_stamps(self) -> bool:
-        """Whether each remembered key carries its own expiry value on disk."""
-        return self.mode in ("tupleTime", "ordered", "categorical")
+        """Whether each remembered key carries its own expiry value on disk (systemTime keys
+        are written with a placeholder meaning "my window's time", real after compaction)."""
+        return self.mode != "basic"
 
     def identity(self) -> dict[str, Any]:
         record = asdict(self)

@@ -164,9 +164,7 @@ def _compaction(
     manager: BucketManager, manifest: Manifest, classifier: WindowClassifier, identity: TaskIdentity
 ) -> dict[int, tuple[KeySet, list[tuple[str, int]]]]:
     """Partition 0 (in every window) compacts the most fragmented buckets, a few per window."""
-    if identity.partition != 0 or classifier.settings.mode == "systemTime":
-        # systemTime keys carry their window's time only through their file; folding them
-        # into a newer file would renew it. Their files expire whole within one period anyway.
+    if identity.partition != 0:
         return {}
     crowded = sorted(
         (b for b, segments in manifest.buckets.items() if len(segments) > COMPACT_ABOVE_SEGMENTS),
@@ -209,8 +207,9 @@ def _write_new_keys(
     store.write_window_file(name, data)
     file_max = None
     if stamps is not None:
-        # Provisional (negative) category numbers are resolved by the commit.
-        known = stamps[stamps >= 0] if classifier.settings.mode == "categorical" else stamps
+        # Provisional (negative) category numbers and window times are resolved by the commit.
+        provisional = classifier.settings.mode in ("categorical", "systemTime")
+        known = stamps[stamps >= 0] if provisional else stamps
         file_max = known.max().item() if len(known) else None
     summary.window_file = WindowFile(
         name=name,

@@ -157,9 +157,13 @@ class BucketManager:
         window_file = self.manifest.files[segment.file]
         if stamps is not None and window_file.local_categories:
             stamps = _resolve_categories(stamps, window_file.local_categories, self.manifest)
-        if stamps is None and self.manifest.settings.get("mode") == "systemTime":
-            # systemTime keys carry the time of the window that stored them: the file's stamp.
-            stamps = np.full(decoded.h1.shape, window_file.max_stamp, dtype=np.int64)
+        if (
+            stamps is not None
+            and window_file.max_stamp is not None
+            and self.manifest.settings.get("mode") == "systemTime"
+        ):
+            # A placeholder stamp means the time of the window that stored the key: the file's.
+            stamps = np.where(stamps < 0, window_file.max_stamp, stamps)
         return KeySet.build(decoded.h1, decoded.h2, stamps)
 
 
