@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +23,13 @@ PORT_NAMES = ("unique", "duplicate", "expired", "error")
 def write_batches(input_dir: Path, batches: Sequence[pa.Table], start: int = 0) -> None:
     """One Parquet file per batch, named so the file source reads them in order."""
     input_dir.mkdir(parents=True, exist_ok=True)
+    # The file source takes files oldest first; equal modification times would leave the order
+    # to directory listing, so each file gets its own second (files added later stay newer).
+    base = int(time.time()) - 3600
     for index, table in enumerate(batches, start=start):
-        pq.write_table(table, input_dir / f"batch-{index:05d}.parquet")
+        target = input_dir / f"batch-{index:05d}.parquet"
+        pq.write_table(table, target)
+        os.utime(target, (base + index, base + index))
 
 
 def run_stream(
@@ -62,3 +74,225 @@ def spark_counts(spark: Any, output: Path) -> dict[str, int]:
 
 def arrow_counts(output: Path) -> dict[str, int]:
     return {port: read_port(output, port).num_rows for port in PORT_NAMES}
+
+
+# -- streams with any option set, format and master --------------------------------------------
+
+
+def start_stream(
+    spark: Any,
+    input_dir: Path,
+    options: Mapping[str, str],
+    checkpoint: Path,
+    *,
+    schema: Any = None,
+    files_per_batch: int = 1,
+    repartition: int | None = None,
+    sink_format: str = "dedup",
+) -> Any:
+    """Start an availableNow query with exactly ``options`` (``path`` included, or not)."""
+    if schema is None:
+        schema = spark.read.parquet(str(input_dir)).schema
+    frame = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", files_per_batch)
+        .parquet(str(input_dir))
+    )
+    if repartition:
+        frame = frame.repartition(repartition)
+    writer = frame.writeStream.format(sink_format)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    return writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+
+
+def run_jobs(spark: Any, jobs: Sequence[Mapping[str, Any]]) -> None:
+    """Run streams described as JSON-able dicts (see ``run_script``), one after the other."""
+    for job in jobs:
+        start_stream(
+            spark,
+            Path(job["input"]),
+            {"path": job["output"], **job.get("options", {})},
+            Path(job["checkpoint"]),
+            files_per_batch=job.get("files_per_batch", 1),
+            repartition=job.get("repartition"),
+            sink_format=job.get("format", "dedup"),
+        ).awaitTermination()
+
+
+def run_script(script: Path, argument: Mapping[str, Any], timeout: float = 300) -> None:
+    """Run a test module as a script in its own process (its own SparkSession and master)."""
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    done = subprocess.run(
+        [sys.executable, str(script), json.dumps(argument)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    output = f"{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{script.name} exited with {done.returncode}:\n{output}"
+
+
+# -- the reference model (tests/reference.py) over whole streams -----------------------------
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROS_PER_DAY = 86_400_000_000
+_TIME_LAYOUTS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d")
+
+
+def windows_of(batches: Sequence[pa.Table], files_per_batch: int = 1) -> list[pa.Table]:
+    """The windows Spark makes of the input files with ``maxFilesPerTrigger``."""
+    return [
+        pa.concat_tables(batches[i : i + files_per_batch])
+        for i in range(0, len(batches), files_per_batch)
+    ]
+
+
+def field_value(row: Mapping[str, Any], name: str) -> Any:
+    """A top-level or dotted nested value; a null struct makes its children null."""
+    value: Any = row
+    for part in name.split("."):
+        if value is None:
+            return None
+        value = value[part]
+    return value
+
+
+def time_micros(value: Any) -> Any:
+    """A tupleTime expiry value: microseconds since the epoch, or the reference's BAD."""
+    from reference import BAD
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        for layout in _TIME_LAYOUTS:
+            try:
+                value = datetime.strptime(value, layout)
+                break
+            except ValueError:
+                continue
+        else:
+            return BAD
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return (value - EPOCH) // timedelta(microseconds=1)
+    if isinstance(value, date):
+        return (value - date(1970, 1, 1)).days * MICROS_PER_DAY
+    return BAD
+
+
+def reference_outputs(
+    windows: Sequence[pa.Table],
+    mode: str,
+    keys: Sequence[str],
+    expiry_key: str | None = None,
+    period: float | None = None,
+) -> dict[str, Counter[tuple[Any, ...]]]:
+    """Rows per port (as counters of row tuples) that SPEC section 3 gives for these windows."""
+    from reference import ReferenceDedup
+
+    model = ReferenceDedup(mode, period)
+    columns = windows[0].schema.names
+    expected: dict[str, Counter[tuple[Any, ...]]] = {port: Counter() for port in PORT_NAMES}
+
+    def key(row: dict[str, Any]) -> tuple[Any, ...] | None:
+        parts = tuple(field_value(row, name) for name in keys)
+        return None if any(part is None for part in parts) else frozen(parts)
+
+    value: Callable[[dict[str, Any]], Any] = lambda row: None  # noqa: E731
+    if expiry_key is not None:
+        convert = time_micros if mode == "tupleTime" else (lambda v: v)
+        value = lambda row: convert(field_value(row, expiry_key))  # noqa: E731
+    for number, window in enumerate(windows):
+        rows = window.to_pylist()
+        ports = model.window(rows, key, value, window_time=float(number))
+        for row, port in zip(rows, ports, strict=True):
+            expected[port][frozen(tuple(row[c] for c in columns))] += 1
+    return expected
+
+
+def frozen(value: Any) -> Any:
+    """A hashable form of a row value (structs become sorted item tuples)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
+def port_rows(output: Path, port: str, columns: Sequence[str]) -> Counter[tuple[Any, ...]]:
+    """A port's rows over ``columns`` (the input's; ``_dedup_error`` left out)."""
+    table = read_port(output, port).select(list(columns))
+    return Counter(frozen(tuple(row[c] for c in columns)) for row in table.to_pylist())
+
+
+def assert_matches_reference(
+    output: Path, expected: Mapping[str, Counter[tuple[Any, ...]]], columns: Sequence[str]
+) -> None:
+    actual = {port: port_rows(output, port, columns) for port in PORT_NAMES}
+    assert actual == dict(expected)
+
+
+# -- what must hold of the ports after every scenario -----------------------------------------
+
+
+def spark_log_names(port_dir: Path) -> list[str]:
+    log_dir = port_dir / "_spark_metadata"
+    return sorted(p.name for p in log_dir.iterdir()) if log_dir.exists() else []
+
+
+def expected_log_names(windows: int) -> list[str]:
+    """Spark's file-sink log: one entry per window, every tenth a compaction."""
+    return sorted(f"{i}.compact" if (i + 1) % 10 == 0 else str(i) for i in range(windows))
+
+
+def logged_file_names(port_dir: Path) -> set[str]:
+    names: set[str] = set()
+    for entry in spark_log_names(port_dir):
+        lines = (port_dir / "_spark_metadata" / entry).read_text().splitlines()
+        assert lines[0] == "v1", f"{entry}: {lines[0]!r}"
+        names.update(json.loads(line)["path"].rsplit("/", 1)[-1] for line in lines[1:] if line)
+    return names
+
+
+def port_file_names(port_dir: Path) -> set[str]:
+    """Every file in a port directory outside Spark's log, at any depth."""
+    return {
+        p.relative_to(port_dir).as_posix()
+        for p in port_dir.rglob("*")
+        if p.is_file() and "_spark_metadata" not in p.relative_to(port_dir).parts
+    }
+
+
+def check_ports(spark: Any, output: Path, columns: Sequence[str], windows: int) -> None:
+    """The invariants of every scenario (SPEC 1 and 3.6), whatever the rows.
+
+    Spark (through ``_spark_metadata``) and pyarrow (through the directory) count the same rows;
+    every port has its schema even when empty; each window has one log entry per port, with
+    contiguous ids and a compaction every ten; a port directory holds exactly the logged files,
+    so nothing staged or left by a failed attempt is visible to any reader.
+    """
+    assert spark_counts(spark, output) == arrow_counts(output)
+    for port in PORT_NAMES:
+        names = [*columns, "_dedup_error"] if port == "error" else list(columns)
+        port_dir = output / port
+        assert spark.read.parquet(str(port_dir)).columns == names, port
+        assert read_port(output, port).schema.names == names, port
+        assert spark_log_names(port_dir) == expected_log_names(windows), port
+        files = port_file_names(port_dir)
+        assert all("/" not in name and not name.startswith(("_", ".")) for name in files), files
+        assert files == logged_file_names(port_dir), port
+
+
+def output_listing(output: Path) -> dict[str, int]:
+    """Every file under ``output`` with its size: to show that nothing was written."""
+    if not output.exists():
+        return {}
+    return {
+        p.relative_to(output).as_posix(): p.stat().st_size for p in output.rglob("*") if p.is_file()
+    }
