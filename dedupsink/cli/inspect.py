@@ -147,7 +147,7 @@ def render(data: dict[str, Any]) -> str:
     lines += [
         f"            id {data['store_id']}, format {data['format']}, "
         f"version {data['version']} committed {data['committed']}",
-        f"settings    {_settings_text(settings)}",
+        f"settings    {settings_text(settings)}",
         f"windows     {data['windows']} committed{_last_window_text(data['last_window'])}",
     ]
     if settings.get("mode") != "basic":
@@ -166,7 +166,7 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _settings_text(settings: dict[str, Any]) -> str:
+def settings_text(settings: dict[str, Any]) -> str:
     mode = settings.get("mode")
     keys = ", ".join(settings.get("keys") or [])
     if mode == "basic":
@@ -184,7 +184,7 @@ def _last_window_text(last: dict[str, Any]) -> str:
     if not last:
         return ""
     counts = " ".join(f"{port}={last.get('counts', {}).get(port, 0)}" for port in PORTS)
-    return f"; last: window {last.get('window')} (batch {last.get('batch')}): {counts}"
+    return f"; the last was batch {last.get('batch')} of query {last.get('query')}: {counts}"
 
 
 def _owner_text(owner: dict[str, Any] | None) -> str:

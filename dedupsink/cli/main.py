@@ -17,9 +17,12 @@ from collections.abc import Sequence
 from dedupsink import __version__
 from dedupsink.cli.config import SPARK_PREFIX, load_config
 from dedupsink.cli.errors import ConfigError
-from dedupsink.cli.inspect import locate, render, report, to_json
+from dedupsink.cli.inspect import locate, render, report, settings_text, to_json
 from dedupsink.cli.job import PreparedJob, prepare
+from dedupsink.cli.run import checkpoint_for, run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
+from dedupsink.sink.commit import release
+from dedupsink.store.store import BucketStore
 
 log = logging.getLogger("dedupsink.cli")
 
@@ -69,8 +72,6 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dedupsink.cli.run import run
-
     job = prepare(load_config(args.job, args.overrides))
     for note in job.notes:
         log.warning("%s", note)
@@ -85,9 +86,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def describe(job: PreparedJob) -> list[str]:
     """What ``validate`` prints: the job as the CLI understood it."""
-    from dedupsink.cli.inspect import _settings_text
-    from dedupsink.cli.run import checkpoint_for, spark_master
-
     config = job.config
     source = config.get("source.path") or "(no path)"
     files = "" if job.source_files is None else f" ({job.source_files} files)"
@@ -99,7 +97,7 @@ def describe(job: PreparedJob) -> list[str]:
         schema = ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in job.schema)
         lines.append(f"  schema      {schema}")
     if job.settings is not None:
-        lines.append(f"  dedup       {_settings_text(job.settings.identity())}")
+        lines.append(f"  dedup       {settings_text(job.settings.identity())}")
     store = (
         "new"
         if job.manifest is None
@@ -128,9 +126,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from dedupsink.sink.commit import release
-    from dedupsink.store.store import BucketStore
-
     location = locate(args.path, args.store)
     store = BucketStore(location.store_url)
     before = store.read()

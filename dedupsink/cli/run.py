@@ -52,6 +52,8 @@ CHECKPOINTS_DIR = "_checkpoints"
 SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
 _OPTION_ERRORS = ("DedupOptionError", "StoreSettingsError", "UnsupportedKeyType")
 _DEDUP_ERROR_LINE = re.compile(r"(?m)^\s*dedupsink\.[\w.]+?\.(\w+): (.+)$")
+_PYTHON_ERROR_LINE = re.compile(r"(?m)^\s*((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
+_JVM_PACKAGES = ("org.", "java.", "javax.", "scala.", "py4j.", "com.")
 _LOG4J = """\
 rootLogger.level = {level}
 rootLogger.appenderRef.stderr.ref = console
@@ -104,8 +106,10 @@ def spark_session(job: PreparedJob, log_level: str) -> Iterator[Any]:
     conf = {**SPARK_DEFAULTS, **job.config.spark_conf}
     conf.pop("spark.master", None)
     with tempfile.TemporaryDirectory(prefix="dedupsink-") as scratch:
-        if "spark.driver.extraJavaOptions" not in conf:
-            conf["spark.driver.extraJavaOptions"] = _quiet_log_config(log_level, Path(scratch))
+        java_options = conf.get("spark.driver.extraJavaOptions", "")
+        if "log4j2.configurationFile" not in java_options:
+            quiet = _quiet_log_config(log_level, Path(scratch))
+            conf["spark.driver.extraJavaOptions"] = f"{java_options} {quiet}".strip()
         builder = SparkSession.builder.master(spark_master(job))
         builder = builder.appName(conf.pop("spark.app.name", f"dedupsink {job.config.name}"))
         for key, value in conf.items():
@@ -141,13 +145,18 @@ def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
 
 
 def failure_of(exc: Exception) -> QueryFailed:
-    """The root cause of a Spark failure in one line (a dedupsink error when there is one)."""
+    """The root cause of a Spark failure in one line: a dedupsink error when there is one, else
+    the Python error of the failed task, else Spark's own first line."""
     text = str(exc)
     found = _DEDUP_ERROR_LINE.findall(text)
     if found:
         name, message = found[-1]
         return QueryFailed(f"{name}: {message.strip()}", 2 if name in _OPTION_ERRORS else 1)
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    python = [m for m in _PYTHON_ERROR_LINE.findall(text) if not m[0].startswith(_JVM_PACKAGES)]
+    if python:
+        name, message = python[-1]
+        return QueryFailed(f"{name}: {message.strip()} (in the streaming query: {first})")
     return QueryFailed(first)
 
 
@@ -178,7 +187,8 @@ class WindowWatcher:
         ports = "  ".join(f"{port} {counts.get(port, 0):>4}" for port in PORTS)
         rows = sum(counts.get(port, 0) for port in PORTS)
         print(
-            f"batch {window.get('batch'):>3} (window {window.get('window')}): {rows:>5} rows  "
+            f"batch {window.get('batch'):>3} (window {manifest.totals.get('windows', '?')}): "
+            f"{rows:>5} rows  "
             f"{ports}  | {window.get('new_keys', 0)} new keys, "
             f"{window.get('dropped_keys', 0)} forgotten",
             file=self.out,
@@ -304,7 +314,7 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
         return [f"Store {store.url}: empty"]
     files, nbytes = store.disk_usage()
     lines = [
-        f"Store {store.url}: {manifest.remembered_keys} remembered keys, "
+        f"Store {store.url}: {manifest.remembered_keys} remembered keys; on disk "
         f"{files} window files, {human_bytes(nbytes)}"
     ]
     settings = manifest.settings
@@ -316,11 +326,28 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
     return lines
 
 
-def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
-    """Run a prepared job to its end (or Ctrl-C); returns the exit code."""
+def run_query(spark: Any, job: PreparedJob, checkpoint: str, watcher: WindowWatcher) -> bool:
+    """Start the query and follow it to its end; True if Ctrl-C stopped it."""
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
+    query = None
+    try:
+        query = start_query(spark, job, checkpoint)
+        watcher.query_id = str(query.id)
+        with Stopper() as stopper:
+            follow(query, watcher, stopper)
+        return stopper.requested
+    except (PySparkException, Py4JError) as exc:
+        raise failure_of(exc) from exc
+    finally:
+        if query is not None and query.isActive:
+            query.stop()
+        watcher.poll()
+
+
+def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
+    """Run a prepared job to its end (or Ctrl-C), release the store, print the summary."""
     check_lease(job)
     checkpoint, fresh = checkpoint_for(job)
     outcome = RunOutcome()
@@ -329,20 +356,9 @@ def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
     print(f"{job.config.origin}: {job.source_format} -> {job.options.path}", file=out, flush=True)
     try:
         with spark_session(job, log_level) as spark:
-            query = None
-            try:
-                query = start_query(spark, job, checkpoint)
-                outcome.query_id = watcher.query_id = str(query.id)
-                with Stopper() as stopper:
-                    follow(query, watcher, stopper)
-                    outcome.interrupted = stopper.requested
-            except (PySparkException, Py4JError) as exc:
-                raise failure_of(exc) from exc
-            finally:
-                if query is not None and query.isActive:
-                    query.stop()
-                watcher.poll()
+            outcome.interrupted = run_query(spark, job, checkpoint, watcher)
     finally:
+        outcome.query_id = watcher.query_id
         outcome.windows = watcher.windows
         outcome.seconds = time.monotonic() - started
         released = release_lease(job.store, outcome.query_id)

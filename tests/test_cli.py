@@ -1,0 +1,291 @@
+"""End to end: every job config in conf/ run by ``python -m dedupsink run`` on the sample data.
+
+The expected counts come from ``tests/reference.py`` (a row-by-row model of the spec) over the
+sample files read with the standard library, one window per file in name order, never from
+the CLI's own output. The sample files are copied with modification times in name order,
+because Spark's file source reads files in modification-time order.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from reference import ReferenceDedup
+
+from dedupsink.cli.inspect import locate, report
+
+ROOT = Path(__file__).resolve().parent.parent
+PORTS = ("unique", "duplicate", "expired", "error")
+HOUR_US = 3_600_000_000
+SUMMARY_ROW = re.compile(r"^\s+(unique|duplicate|expired|error)\s+(\d+)\s+(\d+)\s+(\S+)\s*$")
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+BATCH_LINE = re.compile(r"^batch\s+\d+ \(window \d+\):")
+
+Row = dict[str, Any]
+
+pytestmark = pytest.mark.spark
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _micros(value: Any) -> int | None:
+    """Spark's JSON reader turns an unreadable timestamp into null; so does this."""
+    try:
+        moment = datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return int(moment.timestamp()) * 1_000_000
+
+
+def _all_present(*parts: Any) -> tuple[Any, ...] | None:
+    return None if any(part is None for part in parts) else parts
+
+
+@dataclass(frozen=True)
+class Case:
+    """How to model one config: its data folder, mode, key, expiry value and period."""
+
+    data: str
+    mode: str
+    key: Callable[[Row], Hashable | None]
+    value: Callable[[Row], Any] = lambda row: None
+    period: float | None = None
+
+
+CASES = {
+    "customers-basic": Case(
+        "customers", "basic", key=lambda r: _all_present(r["name"], r["phone"])
+    ),
+    "system-logs": Case(
+        "system-logs",
+        "tupleTime",
+        key=lambda r: _all_present(_int(r.get("serial"))),
+        value=lambda r: _micros(r.get("ts")),
+        period=24 * HOUR_US,
+    ),
+    "transactions-ordered": Case(
+        "transactions",
+        "ordered",
+        key=lambda r: _all_present(_int(r.get("txn_id"))),
+        value=lambda r: _int(r.get("txn_id")),
+        period=100,
+    ),
+    "cities-categorical": Case(
+        "cities",
+        "categorical",
+        key=lambda r: _all_present(r.get("order_id")),
+        value=lambda r: r.get("city"),
+        period=2,
+    ),
+    "system-time": Case(
+        "system-logs",
+        "systemTime",
+        key=lambda r: _all_present(_int(r.get("serial"))),
+        period=HOUR_US,
+    ),
+}
+
+
+def read_rows(path: Path) -> list[Row]:
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as handle:
+            return [
+                {k: (v if v != "" else None) for k, v in row.items()}
+                for row in csv.DictReader(handle)
+            ]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def windows_of(folder: Path) -> list[list[Row]]:
+    return [read_rows(path) for path in sorted(folder.iterdir())]
+
+
+def expected_runs(case: Case, runs: int) -> list[Counter[str]]:
+    """Port counts of each run: every run reads all the files again, one window per file."""
+    model = ReferenceDedup(case.mode, case.period)
+    windows = windows_of(ROOT / "data" / case.data)
+    results = []
+    clock = 0
+    for _ in range(runs):
+        counts: Counter[str] = Counter()
+        for rows in windows:
+            clock += 1_000_000  # systemTime: a second between batches, far below the period
+            counts.update(model.window(rows, case.key, case.value, window_time=clock))
+        results.append(counts)
+    return results
+
+
+def latest_text(case: Case) -> str:
+    """The newest timestamp of the non-error rows, as ``inspect`` shows a tupleTime point."""
+    stamps = [
+        case.value(row)
+        for rows in windows_of(ROOT / "data" / case.data)
+        for row in rows
+        if case.key(row) is not None and case.value(row) is not None
+    ]
+    return datetime.fromtimestamp(max(stamps) / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# -- running the CLI --------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    this_run: dict[str, int]
+    all_runs: dict[str, int]
+    locations: dict[str, str]
+    batches: int
+    stdout: str
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_MASTER")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "dedupsink", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def run_job(name: str, data: Path, out: Path) -> Summary:
+    result = cli(
+        "run",
+        f"conf/{name}.conf",
+        *("--set", f"path={out}", "--set", f"source.path={data}"),
+        # A JVM that compiles less starts faster; these runs last seconds, not hours.
+        *("--set", f"spark.driver.extraJavaOptions={FAST_JVM}"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = Summary({}, {}, {}, 0, result.stdout)
+    for line in result.stdout.splitlines():
+        if BATCH_LINE.match(line):
+            summary.batches += 1
+        match = SUMMARY_ROW.match(line)
+        if match:
+            port = match.group(1)
+            summary.this_run[port] = int(match.group(2))
+            summary.all_runs[port] = int(match.group(3))
+            summary.locations[port] = match.group(4)
+    assert set(summary.this_run) == set(PORTS), result.stdout
+    return summary
+
+
+def inspect_json(path: Path) -> dict[str, Any]:
+    result = cli("inspect", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def inspect_report(path: Path) -> dict[str, Any]:
+    """What ``dedupsink inspect --json`` prints, computed in this process."""
+    return report(locate(str(path)))
+
+
+@pytest.fixture
+def sample_data(tmp_path: Path) -> Callable[[str], Path]:
+    """A copy of one sample data set whose modification times follow the file names."""
+
+    def copy(name: str) -> Path:
+        target = tmp_path / "data" / name
+        shutil.copytree(ROOT / "data" / name, target)
+        for index, path in enumerate(sorted(target.iterdir())):
+            os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+        return target
+
+    return copy
+
+
+def as_dict(counts: Counter[str]) -> dict[str, int]:
+    return {port: counts.get(port, 0) for port in PORTS}
+
+
+def test_every_config_has_a_model() -> None:
+    assert {path.stem for path in (ROOT / "conf").glob("*.conf")} == set(CASES)
+
+
+def test_sample_data_feeds_every_port() -> None:
+    """Each data set gives each port of its mode something to hold (the spec's four ports)."""
+    for name, case in CASES.items():
+        counts = expected_runs(case, 1)[0]
+        wanted = [p for p in PORTS if not (p == "expired" and case.mode in ("basic", "systemTime"))]
+        assert all(counts[port] > 0 for port in wanted), (name, counts)
+
+
+@pytest.mark.parametrize(
+    "name", ["customers-basic", "transactions-ordered", "cities-categorical", "system-time"]
+)
+def test_run_matches_the_reference(
+    name: str, sample_data: Callable[[str], Path], tmp_path: Path
+) -> None:
+    case = CASES[name]
+    out = tmp_path / "out"
+    summary = run_job(name, sample_data(case.data), out)
+    expected = as_dict(expected_runs(case, 1)[0])
+    assert summary.this_run == expected
+    assert summary.all_runs == expected
+    assert summary.batches == len(list((ROOT / "data" / case.data).iterdir()))
+    for port in PORTS:
+        assert summary.locations[port] == str(out / port)
+        assert ds.dataset(summary.locations[port], format="parquet").count_rows() == expected[port]
+    assert not (out / "_checkpoints").exists()  # the run's fresh checkpoint is gone
+    report = inspect_report(out)
+    assert {port: info["rows"] for port, info in report["ports"].items()} == expected
+    assert report["owner"] is None
+    if case.mode == "categorical":  # points are shown by category name
+        assert report["latest"]["text"] == "6 ('Houston')"
+        assert report["expiry_point"]["text"] == "4 ('El Paso')"
+
+
+def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path: Path) -> None:
+    """system-logs (the `make run` demo) twice: the second run finds the store's keys."""
+    case = CASES["system-logs"]
+    data, out = sample_data(case.data), tmp_path / "out"
+    first, second = (as_dict(c) for c in expected_runs(case, 2))
+    files = len(list(data.iterdir()))
+
+    summary = run_job("system-logs", data, out)
+    assert summary.this_run == first
+    report = inspect_json(out)
+    assert {port: info["rows"] for port, info in report["ports"].items()} == first
+    assert {port: info["batches"] for port, info in report["ports"].items()} == dict.fromkeys(
+        PORTS, files
+    )
+    assert report["windows"] == files
+    assert report["owner"] is None
+    assert report["remembered_keys"] > 0
+    assert report["latest"]["text"] == latest_text(case)
+
+    summary = run_job("system-logs", data, out)
+    assert summary.this_run == second
+    assert second["duplicate"] > 0 and second["unique"] == 0
+    both = {port: first[port] + second[port] for port in PORTS}
+    assert summary.all_runs == both
+    report = inspect_json(out / "_store")
+    assert {port: info["rows"] for port, info in report["ports"].items()} == both
+    assert report["windows"] == 2 * files
+    assert report["owner"] is None

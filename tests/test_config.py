@@ -1,0 +1,380 @@
+"""Job config files, the DDL parser and the CLI's error handling (no Spark session needed).
+
+A bad config must stop ``validate`` and ``run`` with exit code 2 and one line on stderr that
+names the key; store commands (``inspect``, ``release``, the owner-lease check of ``run``) work
+on stores written here through ``BucketStore``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    LongType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from dedupsink.cli.config import load_config, parse_config, parse_trigger
+from dedupsink.cli.ddl import parse_schema
+from dedupsink.cli.errors import ConfigError
+from dedupsink.cli.job import prepare
+from dedupsink.cli.main import main
+from dedupsink.cli.run import checkpoint_for, failure_of, spark_master
+from dedupsink.store.format import Manifest
+from dedupsink.store.store import BucketStore, now_ms
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / "data" / "system-logs"
+GOOD = {
+    "source.format": "json",
+    "source.path": str(LOGS),
+    "source.schema": "serial BIGINT, ts TIMESTAMP, host STRING, level STRING, message STRING",
+    "source.option.maxFilesPerTrigger": "1",
+    "keys": "serial",
+    "expiryKey": "ts",
+    "expiryPeriod": "24 hours",
+    "trigger": "availableNow",
+}
+
+WriteConfig = Callable[..., Path]
+
+
+@pytest.fixture
+def write_config(tmp_path: Path) -> WriteConfig:
+    """Write a config: GOOD with ``changes`` applied (None removes a key), output in tmp_path."""
+
+    def write(changes: dict[str, str | None] | None = None, extra: str = "") -> Path:
+        settings: dict[str, str | None] = {**GOOD, "path": str(tmp_path / "out")}
+        settings.update(changes or {})
+        lines = [f"{key} = {value}" for key, value in settings.items() if value is not None]
+        path = tmp_path / "job.conf"
+        path.write_text("# a test job\n" + "\n".join(lines) + "\n" + extra, encoding="utf-8")
+        return path
+
+    return write
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert captured.out == ""
+    return lines[0]
+
+
+# -- bad configs: exit code 2, one line naming the key ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"expiryPeriod": None, "expiryPeriode": "24 hours"}, "did you mean expiryPeriod?"),
+        ({"expiryPeriod": "24 hourz"}, "expiryPeriod='24 hourz'"),
+        ({"source.path": "/nonexistent/dedupsink/input"}, "source.path=/nonexistent"),
+        ({"keys": "serail"}, "option keys='serail'"),
+        ({"expiryKey": "tss"}, "option expiryKey='tss'"),
+        ({"trigger": "soon"}, "trigger='soon'"),
+        ({"source.schema": "serial BIGNUM, ts TIMESTAMP"}, "source.schema="),
+        ({"source.format": None}, "source.format is required"),
+        ({"path": None}, "option path=None"),
+        ({"bucketSpan": "48 hours"}, "option bucketSpan='48 hours'"),
+        (
+            {"source.option.maxFilesPerTrigger": None, "source.optoin.maxFilesPerTrigger": "1"},
+            "did you mean source.option.maxFilesPerTrigger?",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_bad_config_exits_2_with_one_line_naming_the_key(
+    command: str,
+    changes: dict[str, str | None],
+    named: str,
+    write_config: WriteConfig,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([command, str(write_config(changes))]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("dedupsink: error: ")
+    assert named in line
+
+
+def test_message_says_where_the_key_is(
+    write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config({"expiryPeriod": "-3 hours"})
+    assert main(["validate", str(path)]) == 2
+    line = one_error_line(capsys)
+    assert f"{path}:8:" in line and "expiryPeriod" in line
+
+
+def test_run_with_a_bad_config_stops_before_spark_without_traceback(
+    write_config: WriteConfig,
+) -> None:
+    path = write_config({"keys": "serial,nope"})
+    result = subprocess.run(
+        [sys.executable, "-m", "dedupsink", "run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "'nope'" in result.stderr and "option keys=" in result.stderr
+    assert result.stdout == ""
+
+
+def test_verbose_adds_the_traceback(
+    write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--verbose", "validate", str(write_config({"trigger": "soon"}))]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_set_fixes_or_breaks_a_config(
+    write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config({"keys": "serail"})
+    assert main(["validate", str(path), "--set", "keys=serial"]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["validate", str(path), "--set", "keys"]) == 2
+    assert "--set expects key=value" in one_error_line(capsys)
+    assert main(["validate", str(path), "--set", "expiryPeriod=soon"]) == 2
+    assert "--set expiryPeriod" in one_error_line(capsys)
+
+
+def test_unreadable_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "missing.conf")]) == 2
+    assert "missing.conf" in one_error_line(capsys)
+
+
+# -- the file format -------------------------------------------------------------------------
+
+
+def test_comments_continuations_and_case() -> None:
+    text = (
+        "# comment\n"
+        "   # indented comment\n"
+        "\n"
+        "source.format = json   # inline comment\n"
+        "source.schema = a BIGINT, \\\n"
+        "                b STRING\n"
+        "EXPIRYPERIOD = 24 hours\n"
+        "source.option.maxFilesPerTrigger = 1\n"
+        "spark.sql.shuffle.partitions = 2\n"
+        "keys = a#b\n"
+    )
+    config = parse_config(text, "job.conf")
+    assert config.get("source.format") == "json"
+    assert config.get("source.schema") == "a BIGINT, b STRING"
+    assert config.get("expiryPeriod") == "24 hours"
+    assert config.where("expiryPeriod") == "job.conf:7"
+    assert config.source_options == {"maxFilesPerTrigger": "1"}
+    assert config.spark_conf == {"spark.sql.shuffle.partitions": "2"}
+    assert config.sink_options == {"expiryPeriod": "24 hours", "keys": "a#b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("keys = a\nkeys = b\n", "job.conf:2: keys is set twice (first at job.conf:1)"),
+        ("just words\n", "job.conf:1: expected 'key = value'"),
+        ("keys =\n", "job.conf:1: keys has no value"),
+        ("sourc.format = json\n", "unknown key 'sourc.format' (did you mean source.format?)"),
+        ("colour = red\n", "unknown key 'colour'; known keys: source.format"),
+    ],
+)
+def test_malformed_lines(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "job.conf")
+    assert message in str(caught.value)
+
+
+def test_relative_paths_resolve_against_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.conf").write_text(
+        "source.path = in/logs\npath = out/x\nstorePath = hdfs://nn:8020/s\n"
+        "checkpointLocation = ~/chk\n",
+        encoding="utf-8",
+    )
+    config = load_config("job.conf")
+    assert config.get("source.path") == str(tmp_path / "in" / "logs")
+    assert config.get("path") == str(tmp_path / "out" / "x")
+    assert config.get("storePath") == "hdfs://nn:8020/s"
+    assert config.get("checkpointLocation") == str(Path("~/chk").expanduser())
+
+
+def test_triggers() -> None:
+    assert parse_trigger(None).kind == "availableNow"
+    assert parse_trigger("AvailableNow").kind == "availableNow"
+    assert parse_trigger("once").kind == "once"
+    interval = parse_trigger("10 seconds")
+    assert (interval.kind, interval.interval_ms) == ("processingTime", 10_000)
+    with pytest.raises(ConfigError, match="trigger='0 seconds'"):
+        parse_trigger("0 seconds")
+
+
+def test_ddl_schema() -> None:
+    schema = parse_schema(
+        "`order id` BIGINT NOT NULL, price DECIMAL(12, 2) COMMENT 'in EUR', "
+        "tags ARRAY<STRING>, attrs MAP<STRING, BIGINT>, at timestamp_ntz, "
+        "who: STRUCT<name: VARCHAR(20), seen TIMESTAMP>"
+    )
+    assert [f.name for f in schema] == ["order id", "price", "tags", "attrs", "at", "who"]
+    assert schema["order id"].dataType == LongType() and not schema["order id"].nullable
+    assert schema["price"].dataType == DecimalType(12, 2)
+    assert schema["tags"].dataType == ArrayType(StringType(), True)
+    assert schema["attrs"].dataType == MapType(StringType(), LongType(), True)
+    assert schema["at"].dataType == TimestampNTZType()
+    who = schema["who"].dataType
+    assert isinstance(who, StructType)
+    assert [f.dataType for f in who] == [StringType(), TimestampType()]
+
+
+@pytest.mark.parametrize(
+    "text", ["", "a", "a BIGINT,", "a ARRAY<INT", "a INT, A STRING", "a DECIMAL(40, 2)", "a INT)"]
+)
+def test_bad_ddl_names_the_key(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_schema(text)
+    assert caught.value.key == "source.schema"
+
+
+# -- the shipped configs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("conf", sorted((ROOT / "conf").glob("*.conf")), ids=lambda p: p.stem)
+def test_shipped_configs_validate(
+    conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(ROOT)
+    assert main(["validate", str(conf), "--set", f"path={tmp_path / 'out'}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{conf}: OK")
+    assert "fresh for each run" in out
+
+
+# -- store commands: lease, release, inspect --------------------------------------------------
+
+
+def owned_store(config_path: Path, owner: str) -> BucketStore:
+    """Create the job's store and give it a live owner lease, as a running query would."""
+    job = prepare(load_config(str(config_path)))
+    assert job.settings is not None
+    store = job.store
+    created = store.open(job.settings)
+    owned = Manifest.from_bytes(created.to_bytes(), "test")
+    owned.version = created.version + 1
+    owned.owner = {"query": owner, "heartbeat_ms": now_ms()}
+    store.commit(owned)
+    return store
+
+
+def test_lease_blocks_run_until_released(
+    write_config: WriteConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config()
+    store = owned_store(path, "query-elsewhere")
+    assert main(["run", str(path)]) == 1
+    line = one_error_line(capsys)
+    assert "owned by streaming query query-elsewhere" in line and "dedupsink release" in line
+
+    assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["owner"]["query"] == "query-elsewhere"
+    assert main(["release", store.url]) == 0
+    assert "owned by query query-elsewhere" in capsys.readouterr().out
+    assert main(["release", str(tmp_path / "out")]) == 0
+    assert "nothing to release" in capsys.readouterr().out
+    manifest = store.read()
+    assert manifest is not None and manifest.owner is None
+
+
+def test_inspect_a_new_store(
+    write_config: WriteConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    owned_store(write_config(), "q1")
+    assert main(["inspect", str(tmp_path / "out" / "_store")]) == 0
+    text = capsys.readouterr().out
+    assert "tupleTime on keys serial, expiryKey ts" in text
+    assert "expiryPeriod 24 hours" in text
+    assert "windows     0 committed" in text
+    assert "query q1" in text
+    assert f"ports       {tmp_path / 'out'}" in text
+
+
+def test_inspect_a_path_without_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "no dedup store at" in one_error_line(capsys)
+
+
+def test_module_entry_point() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "dedupsink", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0
+    assert all(word in result.stdout for word in ("run", "inspect", "validate", "release"))
+
+
+# -- run helpers that need no Spark -----------------------------------------------------------
+
+
+def test_spark_master_precedence(
+    write_config: WriteConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SPARK_MASTER", raising=False)
+    assert spark_master(prepare(load_config(str(write_config())))) == "local[2]"
+    monkeypatch.setenv("SPARK_MASTER", "local[1]")
+    assert spark_master(prepare(load_config(str(write_config())))) == "local[1]"
+    configured = write_config({"spark.master": "local-cluster[2,1,1024]"})
+    assert spark_master(prepare(load_config(str(configured)))) == "local-cluster[2,1,1024]"
+
+
+def test_fresh_checkpoint_unless_configured(write_config: WriteConfig, tmp_path: Path) -> None:
+    location, fresh = checkpoint_for(prepare(load_config(str(write_config()))))
+    assert fresh and location.startswith(f"{tmp_path / 'out'}/_checkpoints/run-")
+    chosen = write_config({"checkpointLocation": str(tmp_path / "chk")})
+    assert checkpoint_for(prepare(load_config(str(chosen)))) == (str(tmp_path / "chk"), False)
+
+
+def test_query_failure_is_one_line_with_the_dedup_error() -> None:
+    spark_text = (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted\n"
+        "Traceback (most recent call last):\n"
+        '  File "task.py", line 3, in run_task\n'
+        "dedupsink.errors.StoreOwnershipError: store /x/_store is owned by streaming query q2\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner...\n"
+    )
+    failure = failure_of(RuntimeError(spark_text))
+    assert str(failure) == "StoreOwnershipError: store /x/_store is owned by streaming query q2"
+    assert failure.exit_code == 1
+    option = failure_of(RuntimeError("dedupsink.errors.DedupOptionError: option keys='x' ..."))
+    assert option.exit_code == 2
+    python = failure_of(
+        RuntimeError(
+            '[STREAM_FAILED] Writing job failed.\n  File "x.py", line 53\n'
+            "SyntaxError: unterminated string literal\n\tat org.apache.spark.SparkException: no"
+        )
+    )
+    assert str(python) == (
+        "SyntaxError: unterminated string literal (in the streaming query: "
+        "[STREAM_FAILED] Writing job failed.)"
+    )
+    other = failure_of(RuntimeError("\n[STREAM_FAILED] something else\nmore"))
+    assert (str(other), other.exit_code) == ("[STREAM_FAILED] something else", 1)
