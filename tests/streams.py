@@ -192,11 +192,16 @@ def reference_outputs(
     keys: Sequence[str],
     expiry_key: str | None = None,
     period: float | None = None,
+    max_jump: float | None = None,
 ) -> dict[str, Counter[tuple[Any, ...]]]:
-    """Rows per port (as counters of row tuples) that SPEC section 3 gives for these windows."""
+    """Rows per port (as counters of row tuples) that SPEC section 3 gives for these windows.
+
+    In systemTime mode window ``n`` happens at time ``n * 1000`` (as if windows were a second
+    apart, in milliseconds); give ``period`` in the same unit.
+    """
     from reference import ReferenceDedup
 
-    model = ReferenceDedup(mode, period)
+    model = ReferenceDedup(mode, period, max_jump)
     columns = windows[0].schema.names
     expected: dict[str, Counter[tuple[Any, ...]]] = {port: Counter() for port in PORT_NAMES}
 
@@ -210,7 +215,7 @@ def reference_outputs(
         value = lambda row: convert(field_value(row, expiry_key))  # noqa: E731
     for number, window in enumerate(windows):
         rows = window.to_pylist()
-        ports = model.window(rows, key, value, window_time=float(number))
+        ports = model.window(rows, key, value, window_time=number * 1000.0)
         for row, port in zip(rows, ports, strict=True):
             expected[port][frozen(tuple(row[c] for c in columns))] += 1
     return expected

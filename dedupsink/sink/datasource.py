@@ -21,11 +21,11 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from dedupsink.engine.settings import resolve
-from dedupsink.errors import DedupError
-from dedupsink.options import DedupOptions
+from dedupsink.errors import DedupError, DedupOptionError
+from dedupsink.options import STORE_PATH, DedupOptions
 from dedupsink.sink.commit import commit_window, finish_publication
 from dedupsink.sink.ports import absolute_url
-from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, run_task
+from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, lease_is_live, run_task
 
 log = logging.getLogger("dedupsink")
 
@@ -80,6 +80,19 @@ class DedupDataSource(DataSource):
         arrow_schema = to_arrow_schema(schema, timezone="UTC")
         settings = resolve(options, arrow_schema)
         plan = SinkPlan(options, settings, arrow_schema)
+        existing = plan.store.read()
+        if (existing is None or not existing.ports) and plan.output.has_windows():
+            # A store that never published next to ports that hold windows (storePath changed,
+            # or the store deleted): its window numbers would overwrite those ports' files.
+            raise DedupOptionError(
+                STORE_PATH,
+                options.store_path,
+                f"the store the ports under {options.path} were written with; they hold windows "
+                "this store never committed (write to a new path, or remove the ports too)",
+            )
         manifest = plan.store.open(settings)
-        finish_publication(plan.store, plan.output, manifest)
+        if not lease_is_live(manifest, options.owner_timeout.micros // 1000):
+            # Under a live lease the owner (or this query, restarted) finishes it in its next
+            # commit; another query publishing now would race the owner's own publication.
+            finish_publication(plan.store, plan.output, manifest)
         return DedupStreamWriter(plan)

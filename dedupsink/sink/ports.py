@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import fsspec
 import pyarrow as pa
@@ -22,11 +23,13 @@ import pyarrow.parquet as pq
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import ERROR_COLUMN
+from dedupsink.errors import StoreCorruptError
 
 STAGING_DIR = "_staging"
 SPARK_LOG_DIR = "_spark_metadata"
 SPARK_LOG_COMPACT_INTERVAL = 10
 _BLOCK_SIZE = 128 * 1024 * 1024
+_URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides [A-Za-z0-9_.~-]
 
 
 def absolute_url(url: str) -> str:
@@ -37,6 +40,19 @@ def absolute_url(url: str) -> str:
     fs, path = fsspec.core.url_to_fs(url)
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     return str(fs.unstrip_protocol(path)) if "file" in protocols else url
+
+
+def log_url(url: str) -> str:
+    """A file URL as Spark's sink log must hold it: a URI whose path is percent-encoded.
+
+    Spark reads each entry with ``new Path(new URI(path))``, so a space, ``%`` or ``#`` in the
+    output path must be escaped as Hadoop's ``Path.toUri`` does, or the port cannot be read.
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return quote(url, safe=_URI_PATH_SAFE)
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority}{slash}{quote(path, safe=_URI_PATH_SAFE)}"
 
 
 def port_schema(port: str, schema: pa.Schema) -> pa.Schema:
@@ -85,14 +101,18 @@ class Output:
             return []
         return sorted(n for n in names if n.rstrip("/").rsplit("/", 1)[-1].endswith(".parquet"))
 
+    def has_windows(self) -> bool:
+        """Whether a port already logs a window (every window logs an entry in every port)."""
+        return any(self.fs.exists(self.path(f"{port}/{SPARK_LOG_DIR}/0")) for port in PORTS)
+
     # -- publication -----------------------------------------------------------------------
 
     def publish(self, plan: dict[str, Any]) -> None:
         """Move a committed window's files into its ports and log them; safe to repeat."""
         for source, target in plan["moves"]:
             self._move_once(source, target)
-        for port, (log_id, files) in plan["logs"].items():
-            self._write_log_entry(port, int(log_id), files)
+        for port, (log_id, files, *logged) in plan["logs"].items():
+            self._write_log_entry(port, int(log_id), files, int(logged[0]) if logged else None)
 
     def _move_once(self, source: str, target: str) -> None:
         src, dst = self.path(source), self.path(target)
@@ -123,13 +143,17 @@ class Output:
         compact = (log_id + 1) % SPARK_LOG_COMPACT_INTERVAL == 0
         return self.path(f"{port}/{SPARK_LOG_DIR}/{log_id}{'.compact' if compact else ''}")
 
-    def _write_log_entry(self, port: str, log_id: int, files: list[str]) -> None:
+    def _write_log_entry(
+        self, port: str, log_id: int, files: list[str], logged_before: int | None = None
+    ) -> None:
+        """Write entry ``log_id`` listing ``files``; a compaction entry also lists every file
+        logged before (``logged_before`` of them, per the store, when the plan records it)."""
         target = self._log_path(port, log_id)
         if self.fs.exists(target):
             return
         lines = [self._status_line(relative) for relative in files]
         if target.endswith(".compact"):
-            lines = self._entries_before(port, log_id) + lines
+            lines = self._entries_before(port, log_id, logged_before) + lines
         staged = f"{target.rsplit('/', 1)[0]}/.{log_id}.{uuid.uuid4().hex[:8]}.tmp"
         self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         self.fs.pipe_file(staged, ("v1\n" + "\n".join(lines)).encode())
@@ -142,7 +166,7 @@ class Output:
         if not isinstance(modified, int | float):
             modified = modified.timestamp()
         status = {
-            "path": self.fs.unstrip_protocol(full),
+            "path": log_url(str(self.fs.unstrip_protocol(full))),
             "size": int(info.get("size") or 0),
             "isDir": False,
             "modificationTime": int(float(modified) * 1000),
@@ -152,14 +176,119 @@ class Output:
         }
         return json.dumps(status, separators=(",", ":"))
 
-    def _entries_before(self, port: str, log_id: int) -> list[str]:
-        """Every entry logged before ``log_id``: the last compaction and the deltas after it."""
-        start = log_id - SPARK_LOG_COMPACT_INTERVAL
+    def _entries_before(self, port: str, log_id: int, logged_before: int | None) -> list[str]:
+        """Every entry logged before ``log_id``: the last compaction and the deltas after it.
+
+        A compaction copies them forward and Spark's readers stop reading what it replaces, so
+        each is checked first: damage is refused here, naming the entry, instead of being
+        copied forward or silently hiding files from Spark's readers. Every line must be a file
+        status; a delta's files must be in the port with their logged sizes; the count must be
+        what the store published before (a lost line leaves valid JSON behind)."""
+        start = max(log_id - SPARK_LOG_COMPACT_INTERVAL, 0)
         lines: list[str] = []
-        for earlier in range(max(start, 0), log_id):
-            text = self.fs.cat_file(self._log_path(port, earlier)).decode()
-            lines.extend(line for line in text.splitlines()[1:] if line.strip())
+        for earlier in range(start, log_id):
+            entry = self.read_log_entry(port, earlier)
+            if not self._log_path(port, earlier).endswith(".compact"):
+                self._check_logged_files(port, earlier, [status for _, status in entry])
+            lines.extend(line for line, _ in entry)
+        if logged_before is not None and len(lines) != logged_before:
+            raise StoreCorruptError(
+                self._suspect_entry(port, start, log_id),
+                f"Spark's sink log entries {start} to {log_id - 1} of port {port} list "
+                f"{len(lines)} files, but {logged_before} were published before entry {log_id}",
+            )
         return lines
+
+    def read_log_entry(self, port: str, log_id: int) -> list[tuple[str, dict[str, Any]]]:
+        """The lines of one sink log entry with their file statuses, checked for damage."""
+        path = self._log_path(port, log_id)
+        try:
+            text = self.fs.cat_file(path).decode()
+        except FileNotFoundError as exc:
+            raise StoreCorruptError(path, "Spark's sink log entry is missing") from exc
+        except UnicodeDecodeError as exc:
+            raise StoreCorruptError(path, f"Spark's sink log entry is not text: {exc}") from exc
+        lines = text.split("\n")
+        if lines[0] != "v1":
+            raise StoreCorruptError(path, "Spark's sink log entry does not start with 'v1'")
+        entry = []
+        for number, line in enumerate(lines[1:], start=2):
+            if not line.strip():
+                continue
+            try:
+                status = json.loads(line)
+            except ValueError:
+                status = None
+            if not (
+                isinstance(status, dict)
+                and isinstance(status.get("path"), str)
+                and isinstance(status.get("size"), int)
+                and status.get("action") == "add"
+            ):
+                raise StoreCorruptError(path, f"line {number} is not a file status: {line[:200]!r}")
+            entry.append((line, status))
+        return entry
+
+    def _check_logged_files(self, port: str, log_id: int, statuses: list[dict[str, Any]]) -> None:
+        for status in statuses:
+            name = status["path"].rsplit("/", 1)[-1]
+            try:
+                size = int(self.fs.info(self.path(f"{port}/{name}")).get("size") or 0)
+            except FileNotFoundError:
+                size = None
+            if size != status["size"]:
+                raise StoreCorruptError(
+                    self._log_path(port, log_id),
+                    f"it lists {name} of {status['size']} bytes; the port holds "
+                    + ("no such file" if size is None else f"{size} bytes"),
+                )
+
+    def _suspect_entry(self, port: str, start: int, end: int) -> str:
+        """The entry that lost a line: the one listing other files of the unlisted files'
+        window (or an empty one); the log directory when that cannot be told."""
+        listed: dict[int, set[str]] = {}
+        for log_id in range(start, end):
+            names = {s["path"].rsplit("/", 1)[-1] for _, s in self.read_log_entry(port, log_id)}
+            listed[log_id] = names
+        everything = set().union(*listed.values())
+        windows = {
+            _window_of_part(n.rsplit("/", 1)[-1])
+            for n in self.port_files(port)
+            if n.rsplit("/", 1)[-1] not in everything
+        }
+        for log_id, names in listed.items():
+            if {_window_of_part(n) for n in names} & windows:
+                return self._log_path(port, log_id)
+        empty = [log_id for log_id, names in listed.items() if not names]
+        if len(empty) == 1:
+            return self._log_path(port, empty[0])
+        return self.path(f"{port}/{SPARK_LOG_DIR}")
+
+    def log_entry_matches(
+        self, port: str, log_id: int, files: list[str], logged_before: int | None
+    ) -> bool:
+        """Whether entry ``log_id`` is intact and lists ``files`` (after ``logged_before``
+        earlier ones, for a compaction) with the sizes they have in the port."""
+        try:
+            statuses = [status for _, status in self.read_log_entry(port, log_id)]
+            names = [f.rsplit("/", 1)[-1] for f in files]
+            sizes = {s["path"].rsplit("/", 1)[-1]: s for s in statuses}
+            self._check_logged_files(port, log_id, [sizes[n] for n in names if n in sizes])
+        except StoreCorruptError:
+            return False
+        if not self._log_path(port, log_id).endswith(".compact"):
+            return sorted(sizes) == sorted(names) and len(statuses) == len(names)
+        expected = None if logged_before is None else logged_before + len(names)
+        return set(names) <= set(sizes) and expected in (None, len(statuses))
+
+    def rewrite_log_entry(
+        self, port: str, log_id: int, files: list[str], logged_before: int | None
+    ) -> None:
+        """Replace entry ``log_id`` (damaged or missing) with one listing ``files``."""
+        target = self._log_path(port, log_id)
+        if self.fs.exists(target):
+            self.fs.rm_file(target)
+        self._write_log_entry(port, log_id, files, logged_before)
 
     def logged_files(self, port: str) -> list[str]:
         """The files Spark's log lists for a port (as the log's own URLs)."""
@@ -178,9 +307,14 @@ class Output:
         first = latest - (latest + 1) % SPARK_LOG_COMPACT_INTERVAL
         paths: list[str] = []
         for log_id in range(max(first, 0), latest + 1):
-            text = self.fs.cat_file(self._log_path(port, log_id)).decode()
-            paths.extend(json.loads(line)["path"] for line in text.splitlines()[1:] if line.strip())
+            paths.extend(status["path"] for _, status in self.read_log_entry(port, log_id))
         return paths
+
+
+def _window_of_part(name: str) -> int:
+    """The window number of a published file ``part-<window>-...``; -1 for other names."""
+    parts = name.split("-")
+    return int(parts[1]) if len(parts) > 2 and parts[0] == "part" and parts[1].isdigit() else -1
 
 
 @dataclass

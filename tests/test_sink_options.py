@@ -1,0 +1,190 @@
+"""Bad sink options (SPEC section 2) stop the query before any output, naming the option.
+
+Each case starts a real query; the error must surface from the query (at start or on
+``awaitTermination``), name the option and the value, and leave the output path exactly as it
+was: no port, no store, no staged file.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import StreamingQueryException
+from streams import (
+    assert_matches_reference,
+    check_ports,
+    output_listing,
+    reference_outputs,
+    run_stream,
+    start_stream,
+    windows_of,
+    write_batches,
+)
+
+pytestmark = pytest.mark.spark
+
+COLUMNS = ("id", "name", "at", "seq", "city")
+
+
+def events() -> list[pa.Table]:
+    at = pa.array(
+        [datetime(2024, 1, 1, h, tzinfo=UTC) for h in (0, 1, 2)], pa.timestamp("us", tz="UTC")
+    )
+    return [
+        pa.table(
+            {
+                "id": [1, 2, 2],
+                "name": ["a", "b", "b"],
+                "at": at,
+                "seq": [10, 11, 11],
+                "city": ["x", "y", "y"],
+            }
+        ),
+        pa.table(
+            {
+                "id": [1, 3, 4],
+                "name": ["a", "c", "d"],
+                "at": at,
+                "seq": [10, 25, 26],
+                "city": ["x", "z", "z"],
+            }
+        ),
+    ]
+
+
+def failure_of(spark: Any, workdir: Path, options: dict[str, str], checkpoint: str) -> str:
+    """The message of the exception that ends a query started with ``options``."""
+    with pytest.raises(StreamingQueryException) as caught:
+        start_stream(spark, workdir / "in", options, workdir / checkpoint).awaitTermination()
+    return str(caught.value)
+
+
+@pytest.fixture
+def stream_input(workdir: Path) -> Path:
+    write_batches(workdir / "in", events())
+    return workdir / "in"
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"keys": "id"}, "option path=None"),
+        ({"keys": "id,nope"}, "option keys='id,nope'"),
+        ({"keys": "id", "expiryKey": "nope", "expiryPeriod": "10"}, "option expiryKey='nope'"),
+        (
+            {"keys": "id", "expiryKey": "at", "expiryPeriod": "24 hourz"},
+            "option expiryPeriod='24 hourz'",
+        ),
+        ({"keys": "id", "expiryKey": "seq", "expiryPeriod": "-5"}, "option expiryPeriod='-5'"),
+        ({"keys": "id", "expiryKey": "at", "expiryPeriod": "10"}, "option expiryPeriod='10'"),
+        (
+            {"keys": "id", "expiryKey": "seq", "expiryMode": "tupleTime", "expiryPeriod": "1 h"},
+            "option expiryMode='tupleTime'",
+        ),
+        ({"keys": "id", "expiryKey": "seq"}, "option expiryPeriod=None"),
+        (
+            {"keys": "id", "expiryKey": "seq", "expiryPeriod": "10", "bucketSpan": "20"},
+            "option bucketSpan='20'",
+        ),
+        ({"keys": "id", "numBuckets": "0"}, "option numBuckets='0'"),
+        ({"keys": "id", "outputFormat": "csv"}, "option outputFormat='csv'"),
+        (
+            {"keys": "id", "expiryKey": "at", "expiryPeriod": "1 day", "maxExpiryJump": "soon"},
+            "option maxExpiryJump='soon'",
+        ),
+        ({"keys": "id", "expiryPeriode": "10"}, "did you mean expiryPeriod?"),
+    ],
+    ids=[
+        "missing-path",
+        "unknown-key-column",
+        "unknown-expiry-key",
+        "bad-duration",
+        "negative-period",
+        "number-period-for-time-column",
+        "mode-not-fitting-column-type",
+        "expiry-key-without-period",
+        "span-over-period",
+        "zero-buckets",
+        "unknown-output-format",
+        "bad-max-expiry-jump",
+        "misspelt-option",
+    ],
+)
+def test_bad_option_fails_the_query_before_any_output_and_names_the_option(
+    spark: Any, workdir: Path, stream_input: Path, options: dict[str, str], named: str
+) -> None:
+    output = workdir / "out"
+    if named != "option path=None":
+        options = {"path": str(output), **options}
+    message = failure_of(spark, workdir, options, "chk")
+    assert named in message
+    assert "invalid: expected" in message or "did you mean" in message
+    assert output_listing(output) == {}
+
+
+ORIGINAL = {"keys": "id", "expiryKey": "seq", "expiryPeriod": "10"}
+
+
+@pytest.fixture(scope="module")
+def existing_store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An output whose store was created with ORIGINAL (failed queries leave it as it is)."""
+    root = tmp_path_factory.mktemp("existing")
+    write_batches(root / "in", events())
+    run_stream(spark, root / "in", root / "out", ORIGINAL, root / "chk")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ({"expiryPeriod": "20"}, "option expiryPeriod=20"),
+        ({"keys": "id,name"}, "option keys=['id', 'name']"),
+        ({"expiryKey": None, "expiryPeriod": None}, "option expiryMode='basic'"),
+        ({"bucketSpan": "2"}, "option bucketSpan=2"),
+    ],
+    ids=["period", "keys", "mode", "bucket-span"],
+)
+def test_incompatible_change_of_an_existing_store_fails_before_writing(
+    spark: Any, existing_store: Path, changed: dict[str, str | None], named: str
+) -> None:
+    output = existing_store / "out"
+    before = output_listing(output)
+    options = {"path": str(output), **ORIGINAL, **changed}
+    checkpoint = f"chk-{uuid.uuid4().hex}"
+    message = failure_of(
+        spark, existing_store, {k: v for k, v in options.items() if v is not None}, checkpoint
+    )
+    assert named in message
+    assert "the value the store at" in message or "created with" in message
+    assert output_listing(output) == before
+
+
+def test_another_store_for_ports_that_hold_windows_fails_before_writing(
+    spark: Any, existing_store: Path
+) -> None:
+    """A new store would number its windows from 1 again and overwrite the ports' files."""
+    output, other_store = existing_store / "out", existing_store / "other-store"
+    before = output_listing(output)
+    options = {"path": str(output), **ORIGINAL, "storePath": str(other_store)}
+    message = failure_of(spark, existing_store, options, f"chk-{uuid.uuid4().hex}")
+    assert "option storePath=" in message
+    assert str(other_store) in message
+    assert "hold windows this store never committed" in message
+    assert output_listing(output) == before
+    assert not other_store.exists()
+
+
+def test_option_names_are_case_insensitive(spark: Any, workdir: Path, stream_input: Path) -> None:
+    output = workdir / "out"
+    options = {"KEYS": "id", "EXPIRYKEY": "seq", "expiryperiod": "10"}
+    run_stream(spark, stream_input, output, options, workdir / "chk")
+    windows = windows_of(events())
+    assert_matches_reference(
+        output, reference_outputs(windows, "ordered", ["id"], "seq", 10), COLUMNS
+    )
+    check_ports(spark, output, COLUMNS, len(windows))
