@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -77,14 +78,28 @@ class TaskSummary:
     classify_seconds: float = 0.0
 
 
+def lease_ms(owner: dict[str, Any], timeout_ms: int) -> int:
+    """How long a lease lasts after its owner's last commit: the owner's ``ownerTimeout``, which
+    the lease records (``timeout_ms`` for leases written before it did)."""
+    return int(owner.get("timeout_ms", timeout_ms))
+
+
+def lease_is_live(manifest: Manifest, timeout_ms: int) -> bool:
+    owner = manifest.owner
+    if not owner:
+        return False
+    return now_ms() - int(owner.get("heartbeat_ms", 0)) < lease_ms(owner, timeout_ms)
+
+
 def check_owner(manifest: Manifest, query_id: str, timeout_ms: int, url: str) -> None:
     """Refuse to work on a store another query holds a live lease on."""
     owner = manifest.owner
     if not owner or owner.get("query") == query_id:
         return
     age_ms = now_ms() - int(owner.get("heartbeat_ms", 0))
-    if age_ms < timeout_ms:
-        wait_s = max(0, timeout_ms - age_ms) / 1000
+    length_ms = lease_ms(owner, timeout_ms)
+    if age_ms < length_ms:
+        wait_s = max(0, length_ms - age_ms) / 1000
         raise StoreOwnershipError(
             f"store {url} is owned by streaming query {owner.get('query')} "
             f"(last commit {age_ms / 1000:.0f}s ago). Stop that query; if it is already gone, "
@@ -158,28 +173,39 @@ def run_task(
 # one segment, so the index and a cold bucket's reads stay bounded however long the history.
 COMPACT_ABOVE_SEGMENTS = 8
 COMPACT_BUCKETS_PER_WINDOW = 8
+COMPACT_KEEP_LARGEST = 4
 
 
 def _compaction(
     manager: BucketManager, manifest: Manifest, classifier: WindowClassifier, identity: TaskIdentity
 ) -> dict[int, tuple[KeySet, list[tuple[str, int]]]]:
-    """Partition 0 (in every window) compacts the most fragmented buckets, a few per window."""
+    """Partition 0 (in every window) compacts the most fragmented buckets, a few per window.
+
+    Time buckets are folded whole once they stop receiving keys (the hot bucket of the current
+    span is left alone: folding it every window would rewrite it every window). Hash buckets
+    receive keys every window, so only their smallest segments are folded, leaving the largest
+    few: segment sizes grow geometrically and each key is rewritten a logarithmic number of
+    times."""
     if identity.partition != 0:
         return {}
     crowded = sorted(
         (b for b, segments in manifest.buckets.items() if len(segments) > COMPACT_ABOVE_SEGMENTS),
         key=lambda b: -len(manifest.buckets[b]),
-    )[:COMPACT_BUCKETS_PER_WINDOW]
-    if not crowded:
-        return {}
-    loaded = manager.load(crowded, classifier.expiry_point)
-    return {
-        bucket: (
-            loaded[bucket].alive(classifier.expiry_point),
-            [s.ident for s in manifest.buckets[bucket]],
-        )
-        for bucket in crowded
-    }
+    )
+    by_time = classifier.settings.buckets_by_time
+    if by_time:
+        hot = {
+            b for wf in manifest.files.values() if wf.window == manifest.version for b in wf.buckets
+        }
+        crowded = [b for b in crowded if b not in hot]
+    folds: dict[int, tuple[KeySet, list[tuple[str, int]]]] = {}
+    for bucket in crowded[:COMPACT_BUCKETS_PER_WINDOW]:
+        segments = sorted(manifest.buckets[bucket], key=lambda s: s.count)
+        if not by_time:
+            segments = segments[: len(segments) - COMPACT_KEEP_LARGEST]
+        keys = manager.read_segments(segments).alive(classifier.expiry_point)
+        folds[bucket] = (keys, [s.ident for s in segments])
+    return folds
 
 
 def _write_new_keys(

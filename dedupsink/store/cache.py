@@ -35,8 +35,41 @@ class CacheInfo(NamedTuple):
 
 @dataclass
 class CachedBucket:
+    """A bucket's keys as two sorted sets: the bulk, and the keys added since it was last
+    rebuilt. New segments merge into the small set only, and the small set folds into the bulk
+    once it reaches an eighth of it, so a window's new keys cost in proportion to themselves,
+    not to the whole bucket (amortised: each key is merged a constant number of times)."""
+
     keys: KeySet
     segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+    recent: KeySet | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys) + (0 if self.recent is None else len(self.recent))
+
+    def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
+        found = self.keys.contains(fps, forget_at_or_below)
+        if self.recent is not None and len(self.recent):
+            found |= self.recent.contains(fps, forget_at_or_below)
+        return found
+
+    def added(
+        self, parts: list[KeySet], segments: frozenset[tuple[str, int]], forget: float | None
+    ) -> CachedBucket:
+        recent = self.recent or KeySet.empty(
+            None if self.keys.stamps is None else self.keys.stamps.dtype
+        )
+        for part in parts:
+            recent = recent.merge(part)
+        if len(recent) * _FOLD_RATIO >= len(self.keys):
+            return CachedBucket(self.keys.merge(recent).alive(forget), segments)
+        return CachedBucket(self.keys, segments, recent)
+
+    def merged(self) -> KeySet:
+        return self.keys if self.recent is None else self.keys.merge(self.recent)
+
+
+_FOLD_RATIO = 8
 
 
 class BucketCache:
@@ -79,7 +112,10 @@ class BucketCache:
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return sum(entry.keys.nbytes for entry in self._entries.values())
+            return sum(
+                entry.keys.nbytes + (entry.recent.nbytes if entry.recent is not None else 0)
+                for entry in self._entries.values()
+            )
 
 
 class BucketManager:
@@ -116,7 +152,7 @@ class BucketManager:
                 found[rows] = loaded[bucket].contains(fps.take(rows), forget_at_or_below)
         return found
 
-    def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, KeySet]:
+    def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, CachedBucket]:
         """The committed keys of these buckets, fetching missing segments in parallel."""
         assert self.manifest is not None, "use(manifest) before lookups"
         entries: dict[int, CachedBucket] = {}
@@ -126,7 +162,7 @@ class BucketManager:
             live = self.manifest.buckets.get(bucket, [])
             fresh = [s for s in live if s.ident not in entry.segments]
             stale = entry.segments - {s.ident for s in live}
-            if stale and 2 * sum(s.count for s in fresh) >= len(entry.keys):
+            if stale and 2 * sum(s.count for s in fresh) >= len(entry):
                 # The bucket was compacted: re-reading it beats merging every key twice.
                 entry = CachedBucket(KeySet.empty(self.stamp_dtype))
                 fresh = live
@@ -136,19 +172,23 @@ class BucketManager:
         additions: dict[int, list[tuple[Segment, KeySet]]] = {}
         for (bucket, segment), raw in zip(missing, fetched, strict=True):
             additions.setdefault(bucket, []).append((segment, self._decode(raw, segment)))
-        result: dict[int, KeySet] = {}
+        result: dict[int, CachedBucket] = {}
         for bucket, entry in entries.items():
             added = additions.get(bucket, [])
             if added:
-                keys = entry.keys
-                for _, part in added:
-                    keys = keys.merge(part)
-                keys = keys.alive(forget_at_or_below)
                 idents = frozenset(s.ident for s in self.manifest.buckets.get(bucket, []))
-                entry = CachedBucket(keys, idents)
+                parts = [part for _, part in added]
+                entry = entry.added(parts, idents, forget_at_or_below)
             self.cache.put(bucket, entry)
-            result[bucket] = entry.keys
+            result[bucket] = entry
         return result
+
+    def read_segments(self, segments: list[Segment]) -> KeySet:
+        """The keys of these committed segments, read from the store (the cache is not used)."""
+        keys = KeySet.empty(self.stamp_dtype)
+        for segment, raw in zip(segments, self.store.fetch(segments), strict=True):
+            keys = keys.merge(self._decode(raw, segment))
+        return keys
 
     def _decode(self, raw: bytes, segment: Segment) -> KeySet:
         assert self.manifest is not None
