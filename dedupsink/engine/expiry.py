@@ -19,6 +19,8 @@ from dedupsink.engine.settings import Settings
 
 MICROS_PER_DAY = 86_400_000_000
 _ISO_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d")
+_MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 @dataclass
@@ -35,11 +37,14 @@ class ExpiryValues:
 def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     kind = array.type
     if pa.types.is_timestamp(kind):
-        micros = array.cast(pa.timestamp("us", tz=kind.tz), safe=False).view(pa.int64())
-        return np.asarray(micros.fill_null(0)), np.zeros(len(array), dtype=bool)
+        factor = _MICROS_PER_UNIT.get(kind.unit)
+        if factor is None:  # nanoseconds always fit in microseconds
+            micros = array.cast(pa.timestamp("us", tz=kind.tz), safe=False).view(pa.int64())
+            return np.asarray(micros.fill_null(0)), np.zeros(len(array), dtype=bool)
+        return _scaled(np.asarray(array.view(pa.int64()).fill_null(0), dtype=np.int64), factor)
     if pa.types.is_date(kind):
         days = np.asarray(array.cast(pa.date32()).view(pa.int32()).fill_null(0), dtype=np.int64)
-        return days * MICROS_PER_DAY, np.zeros(len(array), dtype=bool)
+        return _scaled(days, MICROS_PER_DAY)
     parsed = None
     for layout in _ISO_FORMATS:
         attempt = pc.strptime(array, format=layout, unit="us", error_is_null=True)
@@ -47,6 +52,16 @@ def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     assert parsed is not None
     unreadable = np.asarray(pc.and_(pc.is_null(parsed), pc.is_valid(array)).fill_null(False))
     return np.asarray(parsed.view(pa.int64()).fill_null(0)), unreadable
+
+
+def _scaled(units: np.ndarray, factor: int) -> tuple[np.ndarray, np.ndarray]:
+    """``units * factor`` microseconds; a time beyond the microsecond range (some 292,000 years
+    from 1970) is not a value: flagged, instead of wrapping around into a wrong time."""
+    if factor == 1:
+        return units, np.zeros(len(units), dtype=bool)
+    limit = _INT64_MAX // factor
+    outside = (units > limit) | (units < -limit)
+    return np.where(outside, 0, units) * factor, outside
 
 
 def _ordered_values(array: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +76,10 @@ def _ordered_values(array: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray]
         values = np.asarray(array.cast(pa.float64()).fill_null(0.0), dtype=np.float64)
         unreadable |= ~np.isfinite(values)
         return np.where(np.isfinite(values), values, 0.0), unreadable
-    return np.asarray(array.cast(pa.int64()).fill_null(0), dtype=np.int64), unreadable
+    # Unsigned values beyond int64 are not values of the domain (flagged, not a crash).
+    converted = _cast_or_null(array, pa.int64())
+    unreadable |= np.asarray(pc.and_(pc.is_null(converted), pc.is_valid(array)).fill_null(False))
+    return np.asarray(converted.fill_null(0), dtype=np.int64), unreadable
 
 
 def _cast_or_null(array: pa.Array, target: pa.DataType) -> pa.Array:
@@ -74,7 +92,7 @@ def _cast_or_null(array: pa.Array, target: pa.DataType) -> pa.Array:
         for value in distinct.to_pylist():
             try:
                 converted.append(
-                    pa.scalar(value).cast(target).as_py() if value is not None else None
+                    pa.scalar(value, array.type).cast(target).as_py() if value is not None else None
                 )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 converted.append(None)

@@ -2,9 +2,10 @@
 
 Order of operations, each step safe to crash after:
 
-1. Recognise a batch already committed (a re-run after the sink commit): finish its
-   publication if needed and drop the re-run's staged files.
-2. Check the owner lease and that every task classified against the latest version.
+1. Check the owner lease (another query's live lease: fail, touching nothing), finish the
+   publication of the latest version if a crash interrupted it, and recognise a batch already
+   committed (a re-run after the sink commit): drop the re-run's staged files.
+2. Check that every task classified against the latest version.
 3. Settle keys that several partitions each found new in this window: the lowest partition
    keeps its row as unique, the others' copies move to ``duplicate`` (the only case in which
    the driver reads rows; hash-partitioning the input by key avoids it).
@@ -76,6 +77,9 @@ def commit_window(
     query_id = done[0].identity.query_id
     store, output = plan.store, plan.output
     manifest = store.read() or store.open(plan.settings)
+    # Before touching anything: a query that does not hold the store must not publish (and so
+    # race) the owner's windows, nor commit.
+    check_owner(manifest, query_id, plan.options.owner_timeout.micros // 1000, store.url)
     finish_publication(store, output, manifest)
     token = done[0].identity.token
     if any(s.skipped for s in done) or manifest.queries.get(query_id, -1) >= batch_id:
@@ -84,7 +88,6 @@ def commit_window(
             "dedup batch %s of query %s was already committed; re-run discarded", batch_id, query_id
         )
         return CommitReport(manifest.version, batch_id, query_id, already_committed=True)
-    check_owner(manifest, query_id, plan.options.owner_timeout.micros // 1000, store.url)
     stale = sorted({s.base_version for s in done if s.base_version != manifest.version})
     if stale:
         raise StoreConflictError(
@@ -212,7 +215,11 @@ def next_manifest(
         categories=list(manifest.categories),
         files=dict(manifest.files),
         buckets={bucket: list(segments) for bucket, segments in manifest.buckets.items()},
-        owner={"query": query_id, "heartbeat_ms": now_ms()},
+        owner={
+            "query": query_id,
+            "heartbeat_ms": now_ms(),
+            "timeout_ms": plan.options.owner_timeout.micros // 1000,
+        },
         queries=_recent_queries(manifest.queries, query_id, batch_id),
         # Tombstones due at the previous version were deleted by its garbage collection.
         tombstones=[
@@ -344,6 +351,7 @@ def _publication_plan(
     token = done[0].identity.token
     for port in PORTS:
         state = nxt.ports.setdefault(port, PortState())
+        logged_before = state.files
         targets: list[str] = []
         records = [r for s in done for r in s.files if r.port == port and r.rows > 0]
         if not records and state.files == 0:
@@ -358,7 +366,7 @@ def _publication_plan(
             targets.append(target)
             state.rows += record.rows
         state.files += len(targets)
-        logs[port] = [state.next_log, targets]
+        logs[port] = [state.next_log, targets, logged_before]
         state.next_log += 1
     return {"window": window, "token": token, "moves": moves, "logs": logs}
 
@@ -400,7 +408,35 @@ def release(store: BucketStore, query_id: str | None = None) -> Manifest | None:
     released = Manifest.from_bytes(manifest.to_bytes(), store.manifest_path(manifest.version))
     released.version = manifest.version + 1
     released.owner = None
-    released.publish = None
+    # An owner that died between its commit point and the end of its publication leaves the
+    # plan to whoever runs next: carry it over, or that window's rows would never be published.
+    released.publish = None if store.is_published(manifest.version) else manifest.publish
     released.committed_ms = now_ms()
     store.commit(released)
     return released
+
+
+def repair_port_log(store: BucketStore, output: Output, port: str) -> list[int]:
+    """Rewrite the entries of a port's Spark sink log that are damaged or missing.
+
+    Each kept manifest (the last 16 versions) holds its window's publication plan: per port,
+    the entry's id, its files and how many files the port logged before. Every published entry
+    those plans cover is checked and, if it does not match, rewritten from its plan, oldest
+    first (a compaction from the entries before it). Returns the ids rewritten. Stop the query
+    first; an unpublished latest window is left to the query's own recovery."""
+    plans: dict[int, tuple[list[str], int | None]] = {}
+    for version in store.versions():
+        manifest = store.read(version)
+        if manifest is None or manifest.publish is None or not store.is_published(version):
+            continue
+        entry = manifest.publish["logs"].get(port)
+        if entry is not None:
+            log_id, files, *logged = entry
+            plans[int(log_id)] = (list(files), int(logged[0]) if logged else None)
+    rewritten = []
+    for log_id in sorted(plans):
+        files, logged_before = plans[log_id]
+        if not output.log_entry_matches(port, log_id, files, logged_before):
+            output.rewrite_log_entry(port, log_id, files, logged_before)
+            rewritten.append(log_id)
+    return rewritten

@@ -204,7 +204,24 @@ class BucketStore:
         referenced = set(manifest.files) | {name for name, _ in manifest.tombstones} | keep
         orphans = [n for n in names if n not in referenced and _window_of(n) <= manifest.version]
         self._remove_quietly([self.data_path(n) for n in orphans])
+        self._remove_quietly(self._dead_staged_manifests(manifest.version))
         return len(orphans)
+
+    def _dead_staged_manifests(self, version: int) -> list[str]:
+        """Manifests staged for versions up to ``version`` and never renamed: a writer crashed
+        between writing and renaming, or lost the version to another writer."""
+        try:
+            names = self.fs.ls(self.path(LOG_DIR), detail=False)
+        except FileNotFoundError:
+            return []
+        dead = []
+        for name in names:
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            number = base[1:13]
+            staged = base.startswith(".") and base.endswith(".tmp") and number.isdigit()
+            if staged and int(number) <= version:
+                dead.append(self.path(LOG_DIR, base))
+        return dead
 
     def _remove_quietly(self, paths: list[str]) -> None:
         for path in paths:
@@ -245,6 +262,12 @@ def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -
                 accepted = (
                     f"the column types the store at {url} was created with "
                     f"(changed: {', '.join(changed)})"
+                )
+            elif name == "expiry_type":
+                column = wanted.get("expiry_key")
+                accepted = (
+                    f"the column type the store at {url} was created with "
+                    f"(changed: {column}: {recorded.get(name)} -> {wanted.get(name)})"
                 )
             else:
                 accepted = f"{recorded.get(name)!r}, the value the store at {url} was created with"
