@@ -55,10 +55,10 @@ class ReferenceDedup:
             if k is None:
                 ports.append(ERROR)
                 continue
-            if self.mode in ("tupleTime", "ordered", "categorical"):
-                if v is None or v is BAD or (isinstance(v, float) and not math.isfinite(v)):
-                    ports.append(ERROR)
-                    continue
+            unreadable = v is None or v is BAD or (isinstance(v, float) and not math.isfinite(v))
+            if self.mode in ("tupleTime", "ordered", "categorical") and unreadable:
+                ports.append(ERROR)
+                continue
             stamp: float | None = None
             if self.mode == "categorical":
                 if v in self.categories:
