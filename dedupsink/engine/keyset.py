@@ -81,7 +81,10 @@ class KeySet:
         if self.stamps is not None and other.stamps is not None:
             stamps = np.concatenate([self.stamps, other.stamps])
         return KeySet.build(
-            np.concatenate([self.h1, other.h1]), np.concatenate([self.h2, other.h2]), stamps
+            np.concatenate([self.h1, other.h1]),
+            np.concatenate([self.h2, other.h2]),
+            stamps,
+            runs=True,  # two sorted runs back to back: numpy's stable sort merges them
         )
 
     def alive(self, forget_at_or_below: float | None) -> KeySet:

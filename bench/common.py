@@ -1,0 +1,533 @@
+"""Shared helpers of the benchmark scripts: synthetic event data, memory sampling, machine facts.
+
+* Event data (``event_columns``, ``generate_compare_input``): UUID keys, event times, a user, an
+  amount and a ~80-character payload, built column-wise with numpy and pyarrow (no Python loop
+  over rows). Re-sends are exact copies of earlier rows, so the generator knows the truth: the
+  first copy of each id is its unique row.
+* Memory (``TreeSampler``, ``vm_hwm``): resident set sizes read from ``/proc`` — the sum of
+  ``VmRSS`` over a process and all its descendants (a Spark driver's JVM and its Python
+  workers), sampled a few times a second, and the kernel's own high-water mark ``VmHWM`` of one
+  process.
+* Machine facts (``machine_facts``, ``load_average``): for the results file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import re
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+BENCH_DIR = Path(__file__).resolve().parent
+DATA_DIR = BENCH_DIR / ".data"
+EPOCH_2024_US = 1_704_067_200_000_000
+MICROS_PER_SECOND = 1_000_000
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_ALPHABET = np.frombuffer(
+    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .", dtype=np.uint8
+)
+# Where the 32 hex digits of a UUID go in its 36-character text (the rest are dashes).
+_UUID_DIGITS = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
+
+
+# -- columns -------------------------------------------------------------------------------
+
+
+def _strings(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """A string array straight from a byte buffer and int32 offsets (no Python strings)."""
+    n = len(offsets) - 1
+    return pa.Array.from_buffers(
+        pa.string(),
+        n,
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data.astype(np.uint8))],
+    )
+
+
+def uuid_strings(rng: np.random.Generator, n: int) -> pa.Array:
+    """``n`` random version-4 UUIDs as 36-character strings."""
+    raw = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80
+    digits = np.empty((n, 32), dtype=np.uint8)
+    digits[:, 0::2] = _HEX[raw >> 4]
+    digits[:, 1::2] = _HEX[raw & 0x0F]
+    text = np.full((n, 36), ord("-"), dtype=np.uint8)
+    text[:, _UUID_DIGITS] = digits
+    return _strings(text.ravel(), np.arange(n + 1, dtype=np.int64) * 36)
+
+
+def random_text(rng: np.random.Generator, n: int, low: int, high: int) -> pa.Array:
+    """``n`` strings of random letters, lengths uniform in ``[low, high]``."""
+    lengths = rng.integers(low, high + 1, n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = _ALPHABET[rng.integers(0, len(_ALPHABET), int(offsets[-1]))]
+    return _strings(data, offsets)
+
+
+@functools.cache
+def _user_pool(size: int) -> pa.Array:
+    return pa.array([f"user-{i:06d}" for i in range(size)], type=pa.string())
+
+
+def user_names(rng: np.random.Generator, n: int, pool: int = 100_000) -> pa.Array:
+    """``user-000123``-style names drawn from a pool."""
+    return _user_pool(pool).take(pa.array(rng.integers(0, pool, n)))
+
+
+def event_columns(rng: np.random.Generator, times_us: np.ndarray) -> pa.Table:
+    """One row per event time: a fresh UUID ``id``, ``event_time``, ``user``, ``amount``,
+    ``payload``."""
+    n = len(times_us)
+    return pa.table(
+        {
+            "id": uuid_strings(rng, n),
+            "event_time": pa.array(times_us.astype(np.int64), type=pa.timestamp("us", tz="UTC")),
+            "user": user_names(rng, n),
+            "amount": pa.array(np.round(rng.gamma(2.0, 40.0, n), 2)),
+            "payload": random_text(rng, n, 70, 90),
+        }
+    )
+
+
+# -- the compare input ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    rows: int = 2_000_000
+    files: int = 40
+    rows_per_second: float = 185.0
+    jitter_s: float = 1.0
+    resend_fraction: float = 0.10
+    resend_within: int = 5_000
+    late_fraction: float = 0.005
+    late_min_age_s: float = 75 * 60.0
+    late_max_age_s: float = 120 * 60.0
+    seed: int = 20240601
+
+    @property
+    def key(self) -> str:
+        return (
+            f"compare-r{self.rows}-f{self.files}-s{self.seed}"
+            f"-d{self.resend_fraction:g}-l{self.late_fraction:g}"
+        )
+
+
+def plan_rows(
+    spec: CompareSpec, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """Which original row every output position holds, and the originals' positions.
+
+    Returns ``(source, original_positions, kinds)``: ``source[p]`` indexes the table of
+    originals, so ``originals.take(source)`` is the stream. Regular re-sends copy an original
+    from the previous ``resend_within`` rows; very late re-sends copy one ``late_min_age_s`` to
+    ``late_max_age_s`` of event time older than their position.
+    """
+    n = spec.rows
+    n_late = round(n * spec.late_fraction)
+    n_resend = round(n * spec.resend_fraction)
+    n_orig = n - n_late - n_resend
+    kind = np.zeros(n, dtype=np.int8)  # 0 original, 1 re-send, 2 very late re-send
+    first_late = int(spec.rows_per_second * (spec.late_max_age_s + 60)) + 1
+    if n_late:
+        if first_late >= n:
+            raise ValueError(f"{n} rows span too little event time for very late re-sends")
+        kind[rng.choice(np.arange(first_late, n), n_late, replace=False)] = 2
+    free = np.flatnonzero(kind == 0)[1:]
+    kind[rng.choice(free, n_resend, replace=False)] = 1
+    orig_pos = np.flatnonzero(kind == 0)
+    assert len(orig_pos) == n_orig
+    source = np.empty(n, dtype=np.int64)
+    source[orig_pos] = np.arange(n_orig)
+    resend_pos = np.flatnonzero(kind == 1)
+    back = rng.integers(1, spec.resend_within + 1, len(resend_pos))
+    source[resend_pos] = np.maximum(
+        np.searchsorted(orig_pos, resend_pos - back, side="right") - 1, 0
+    )
+    late_pos = np.flatnonzero(kind == 2)
+    age = rng.uniform(spec.late_min_age_s, spec.late_max_age_s, len(late_pos))
+    target = late_pos - (age * spec.rows_per_second).astype(np.int64)
+    source[late_pos] = np.searchsorted(orig_pos, target, side="right") - 1
+    assert (source[late_pos] >= 0).all()
+    return source, orig_pos, {"originals": n_orig, "resends": n_resend, "late": n_late}
+
+
+def expected_dedup_ports(
+    times_us: np.ndarray, first_copy: np.ndarray, window_rows: int, period_us: int
+) -> dict[str, int]:
+    """SPEC section 3 applied to the stream, windows of ``window_rows`` rows.
+
+    ``L_N`` = max event time of windows before N, ``E_N = L_N - period``; a row with
+    ``v <= E_N`` is expired; otherwise the first copy of an id is unique and any other copy a
+    duplicate (a re-send carries its original's time, so an unexpired re-send's key is still
+    remembered).
+    """
+    n = len(times_us)
+    starts = np.arange(0, n, window_rows)
+    window_max = np.maximum.reduceat(times_us, starts)
+    latest = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(window_max)[:-1]])
+    window = np.arange(n) // window_rows
+    point = latest[window]
+    expired = (point != np.iinfo(np.int64).min) & (times_us <= point - period_us)
+    unique = first_copy & ~expired
+    assert not (first_copy & expired).any(), "an original row would expire: widen the spacing"
+    return {
+        "unique": int(unique.sum()),
+        "duplicate": int((~first_copy & ~expired).sum()),
+        "expired": int(expired.sum()),
+        "error": 0,
+    }
+
+
+def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, dict[str, Any]]:
+    """The compare input directory (cached under ``bench/.data``) and its truth.
+
+    ``truth.json`` is written last, so a directory without it is an interrupted run and is
+    rebuilt.
+    """
+    root = DATA_DIR / spec.key
+    truth_path = root / "truth.json"
+    if truth_path.exists():
+        truth = json.loads(truth_path.read_text())
+        if truth.get("window_files") == window_files:
+            return root / "input", truth
+    started = time.perf_counter()
+    rng = np.random.default_rng(spec.seed)
+    source, orig_pos, counts = plan_rows(spec, rng)
+    n_orig = counts["originals"]
+    jitter = rng.uniform(-spec.jitter_s, spec.jitter_s, n_orig) * MICROS_PER_SECOND
+    times = EPOCH_2024_US + (orig_pos * (MICROS_PER_SECOND / spec.rows_per_second) + jitter)
+    originals = event_columns(rng, times.astype(np.int64))
+    stream = originals.take(pa.array(source))
+    first_copy = np.zeros(spec.rows, dtype=bool)
+    first_copy[orig_pos] = True
+    stream_times = times.astype(np.int64)[source]
+    rows_per_file = -(-spec.rows // spec.files)
+    ports = expected_dedup_ports(
+        stream_times, first_copy, rows_per_file * window_files, 3600 * MICROS_PER_SECOND
+    )
+    input_dir = root / "input"
+    input_dir.mkdir(parents=True, exist_ok=True)
+    for stale in input_dir.glob("*.parquet"):
+        stale.unlink()
+    # The file source takes the oldest files first: give each file its own modification second.
+    base = int(time.time()) - 86_400
+    for index, start in enumerate(range(0, spec.rows, rows_per_file)):
+        target = input_dir / f"part-{index:05d}.parquet"
+        pq.write_table(stream.slice(start, rows_per_file), target)
+        os.utime(target, (base + index, base + index))
+    truth = {
+        "spec": asdict(spec),
+        "rows": spec.rows,
+        "unique_ids": n_orig,
+        **counts,
+        "window_files": window_files,
+        "window_rows": rows_per_file * window_files,
+        "event_time_span_s": float(stream_times.max() - stream_times.min()) / MICROS_PER_SECOND,
+        "expected_dedup_ports": ports,
+        "generated_seconds": round(time.perf_counter() - started, 1),
+    }
+    truth_path.write_text(json.dumps(truth, indent=1))
+    return input_dir, truth
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def vm_hwm(pid: int | None = None) -> int:
+    """The peak resident set size of one process, in bytes (the kernel's ``VmHWM``)."""
+    return _status_kb(os.getpid() if pid is None else pid, "VmHWM") * 1024
+
+
+def vm_rss(pid: int | None = None) -> int:
+    return _status_kb(os.getpid() if pid is None else pid, "VmRSS") * 1024
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it, from the parent ids in ``/proc/<pid>/stat``.
+
+    A child the JVM is spawning (``posix_spawn``) shares the JVM's memory until it executes its
+    program; it would count the JVM twice, so a ``java`` child of a ``java`` process is skipped.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        # The command name may hold spaces or parentheses: fields resume after the last ')'.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        parent_exe = _exe(pid)
+        for child in children.get(pid, []):
+            if parent_exe.endswith("/java") and _exe(child) == parent_exe:
+                continue
+            todo.append(child)
+    return found
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def vm_pss(pid: int) -> int:
+    """Proportional set size: shared pages divided among the processes sharing them."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return "?"
+
+
+class TreeSampler:
+    """Samples the summed ``VmRSS`` and ``Pss`` of a process tree in a background thread.
+
+    The ``VmRSS`` sum counts pages shared between processes (forked Python workers share their
+    interpreter and modules copy-on-write) once per process, so it is an upper bound of the
+    tree's footprint; the ``Pss`` sum divides shared pages among their sharers and is the
+    footprint. ``peak_by_name`` keeps each command name's own ``VmRSS`` peak (``java`` is the
+    driver JVM, ``python`` the driver and the Python workers together).
+
+    ``Pss`` comes from ``smaps_rollup``, which walks a process's page tables: for a JVM with a
+    large heap that costs real CPU, so it is read only every ``pss_every``-th sample (its peak
+    may be missed by up to that interval); ``VmRSS`` (``status``) is cheap and read every time.
+    """
+
+    def __init__(self, root: int | None = None, interval: float = 0.2, pss_every: int = 10) -> None:
+        self.root = os.getpid() if root is None else root
+        self.interval = interval
+        self.pss_every = pss_every
+        self._samples = 0
+        self.peak_total = 0
+        self.peak_pss = 0
+        self.peak_by_name: dict[str, int] = {}
+        self._cpu_ticks: dict[tuple[int, int], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def start(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> TreeSampler:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return self
+
+    def sample(self) -> None:
+        total = pss = 0
+        by_name: dict[str, int] = {}
+        with_pss = self._samples % self.pss_every == 0
+        self._samples += 1
+        for pid in descendants(self.root):
+            ticks = cpu_ticks(pid)
+            if ticks is not None:
+                self._cpu_ticks[(pid, ticks[0])] = ticks[1]
+            rss = vm_rss(pid)
+            total += rss
+            if with_pss:
+                pss += vm_pss(pid)
+            name = process_name(pid)
+            by_name[name] = by_name.get(name, 0) + rss
+        self.peak_total = max(self.peak_total, total)
+        self.peak_pss = max(self.peak_pss, pss)
+        for name, rss in by_name.items():
+            self.peak_by_name[name] = max(self.peak_by_name.get(name, 0), rss)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every process of the tree seen so far (call ``sample`` first).
+
+        A process that ended between two samples loses its CPU after its last sample.
+        """
+        return sum(self._cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int) -> tuple[int, int] | None:
+    """(start time, user + system clock ticks) of a process, from ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # After the command: state(3) ppid(4) ... utime(14) stime(15) ... starttime(22).
+    return int(fields[19]), int(fields[11]) + int(fields[12])
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every few seconds (the machine is shared)."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def start(self) -> LoadSampler:
+        self.samples.append(load_average()[0])
+        self._thread.start()
+        return self
+
+    def stop(self) -> LoadSampler:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(load_average()[0])
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.samples.append(load_average()[0])
+
+    def summary(self) -> str:
+        values = np.array(self.samples)
+        return (
+            f"1-min load average during the runs: min {values.min():.2f} "
+            f"median {np.median(values):.2f} max {values.max():.2f} ({len(values)} samples)"
+        )
+
+
+# -- machine ---------------------------------------------------------------------------------
+
+
+def load_average() -> tuple[float, float, float]:
+    one, five, fifteen = os.getloadavg()
+    return one, five, fifteen
+
+
+def machine_facts() -> dict[str, str]:
+    """nproc, memory, CPU model and the versions the results depend on."""
+    facts = {"nproc": str(os.cpu_count()), "python": platform.python_version()}
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        total_kb = int(re.search(r"MemTotal:\s+(\d+)", meminfo).group(1))  # type: ignore[union-attr]
+        facts["memory"] = f"{total_kb / 1024 / 1024:.1f} GiB"
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        model = re.search(r"model name\s*:\s*(.+)", cpuinfo)
+        facts["cpu"] = model.group(1).strip() if model else platform.machine()
+    except (OSError, AttributeError):
+        pass
+    try:
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)
+        facts["java"] = java.stderr.splitlines()[0] if java.stderr else "?"
+    except OSError:
+        facts["java"] = "not found"
+    facts["dedupsink"] = code_revision()
+    for module in ("pyspark", "pyarrow", "numpy"):
+        try:
+            facts[module] = __import__(module).__version__
+        except ImportError:
+            facts[module] = "not installed"
+    return facts
+
+
+def code_revision() -> str:
+    """The last commit that changed ``dedupsink/``, and whether the working tree differs from it."""
+    repo = BENCH_DIR.parent
+    try:
+        head = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(repo),
+                "log",
+                "-1",
+                "--format=%h",
+                "--",
+                "dedupsink",
+                "pyspark_dedup.py",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(repo),
+                "status",
+                "--porcelain",
+                "--",
+                "dedupsink",
+                "pyspark_dedup.py",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}{' + local changes' if dirty else ''}"
+
+
+def print_machine() -> None:
+    facts = machine_facts()
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in facts.items()))
+    one, five, fifteen = load_average()
+    print(f"load average at start: {one:.2f} {five:.2f} {fifteen:.2f}")
+
+
+def dir_bytes(path: Path) -> tuple[int, int]:
+    """(files, bytes) of every regular file under ``path``."""
+    files = size = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.path.getsize(os.path.join(dirpath, name))
+                files += 1
+            except OSError:
+                pass
+    return files, size
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(np.array(values, dtype=np.float64))) if values else float("nan")

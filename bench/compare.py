@@ -1,0 +1,509 @@
+"""End-to-end comparison: the dedup sink against Spark's own streaming deduplication.
+
+Input (generated once, seeded, cached under ``bench/.data/``): 2,000,000 rows in 40 Parquet
+files with columns ``id`` (36-character UUID), ``event_time`` (about 185 rows per second of
+event time, so three hours over the stream, with +-1 s jitter), ``user``, ``amount`` and
+``payload`` (~80 characters). 10% of the rows are exact re-sends of a row from the previous
+~5,000 rows; 0.5% are very late re-sends, copies of a row 75 to 120 minutes of event time older.
+The generator knows the truth: the first copy of each id is its unique row.
+
+Each variant streams the same input with Spark ``local[2]``, ``spark.sql.shuffle.partitions=2``,
+``maxFilesPerTrigger=2`` (20 micro-batches of 100,000 rows) and ``trigger(availableNow=True)``:
+
+* ``floor``: straight to Spark's Parquet file sink, no deduplication (the cost of the stream);
+* ``spark-dropdup-rocksdb``: ``withWatermark("event_time", "1 hour")
+  .dropDuplicates(["id", "event_time"])`` into the Parquet sink, RocksDB state store;
+* ``spark-within-watermark-rocksdb``: ``withWatermark("event_time", "1 hour")
+  .dropDuplicatesWithinWatermark(["id"])``, RocksDB;
+* ``dedupsink``: ``format("dedup")`` with ``keys=id``, ``expiryKey=event_time``,
+  ``expiryPeriod=1 hour``.
+
+Every run is a fresh Python process (this script with ``--variant``), variants interleaved
+A B C D and the round repeated (three times by default), so JVM start-up, JIT warm-up and the
+page cache treat all variants alike. Measured per run:
+
+* rows/s: input rows / wall time from ``writeStream...start()`` to the return of
+  ``awaitTermination()`` (the session, the JVM and the data generation are outside the clock);
+* state bytes per remembered key. RocksDB: bytes of every file under the checkpoint's
+  ``state/`` directory (all retained versions: SST files, changelogs, zipped metadata) divided
+  by the rows in the state store after the last batch (``numRowsTotal`` of the last progress
+  report); the SST bytes of the last version alone (``rocksdbSstFileSize``) are printed too.
+  dedupsink: the window files under ``_store/data`` (``BucketStore.disk_usage``) divided by the
+  remembered keys of the last manifest (``BucketStore.read().remembered_keys``);
+* CPU seconds: user + system CPU of the whole process tree between the same two points, from
+  ``/proc/<pid>/stat`` (the machine may be shared; CPU time is steadier than wall time then);
+* peak RSS: the largest sum of ``VmRSS`` over the run's process tree (Python driver, driver
+  JVM, Python workers), sampled every 0.2 s from ``/proc``, the same with ``Pss`` (sampled every
+  2 s: shared pages divided among their sharers), and the JVM's own peak;
+* Spark's per-phase durations (``addBatch``, ``walCommit``, ...) summed over the batches;
+* correctness: the rows of the deduplicated output (dedupsink: each port) against the truth.
+
+The table shows medians over the repeats; ``--json FILE`` also saves every run's record. The
+last two lines are machine-readable: ``ratio_vs_spark_within_watermark=<x>`` and
+``ratio_vs_floor=<x>``, each the median over the repeats of dedupsink rows/s / that variant's
+rows/s within the same round (the line before them gives the same ratios per CPU-second).
+
+``--profile`` runs the dedupsink variant's own code instead, in this process and without Spark,
+under pyinstrument: every input file is one task (``run_task`` over 10,000-row Arrow batches, as
+Spark hands them; the Parquet files are read before the clock starts), ``--files-per-trigger``
+tasks make a window, whose ``commit_window`` follows; it prints the time split and the profile.
+
+Usage: ``python bench/compare.py [--rows N] [--files N] [--repeats N] [--variants a,b]``;
+``--rows 200000 --files 8 --repeats 1`` is a quick check (the event-time span stays three hours
+whatever the row count, so expiry still evicts and very late rows still exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (
+    DATA_DIR,
+    CompareSpec,
+    LoadSampler,
+    TreeSampler,
+    code_revision,
+    dir_bytes,
+    generate_compare_input,
+    median,
+    print_machine,
+)
+
+VARIANTS = ("floor", "spark-dropdup-rocksdb", "spark-within-watermark-rocksdb", "dedupsink")
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PORTS = ("unique", "duplicate", "expired", "error")
+RESULT_PREFIX = "RESULT "
+
+
+# -- one variant, in its own process --------------------------------------------------------
+
+
+def build_session(variant: str, driver_memory: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(f"bench-compare-{variant}")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.streaming.stopTimeout", "60s")
+    )
+    if "rocksdb" in variant:
+        builder = builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_variant(
+    variant: str, input_dir: Path, work: Path, files_per_trigger: int, driver_memory: str
+) -> dict[str, Any]:
+    """Run one variant to completion and measure it; returns a JSON-able record."""
+    sampler = TreeSampler().start()
+    spark = build_session(variant, driver_memory)
+    schema = spark.read.parquet(str(next(input_dir.glob("*.parquet")))).schema
+    output, checkpoint = work / "out", work / "checkpoint"
+    frame = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", files_per_trigger)
+        .parquet(str(input_dir))
+    )
+    if variant == "spark-dropdup-rocksdb":
+        frame = frame.withWatermark("event_time", "1 hour").dropDuplicates(["id", "event_time"])
+    elif variant == "spark-within-watermark-rocksdb":
+        frame = frame.withWatermark("event_time", "1 hour").dropDuplicatesWithinWatermark(["id"])
+    if variant == "dedupsink":
+        writer = (
+            frame.writeStream.format("dedup")
+            .option("path", str(output))
+            .option("keys", "id")
+            .option("expiryKey", "event_time")
+            .option("expiryPeriod", "1 hour")
+        )
+    else:
+        writer = frame.writeStream.format("parquet").option("path", str(output))
+    writer = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+    sampler.sample()
+    cpu_before = sampler.cpu_seconds()
+    started = time.perf_counter()
+    query = writer.start()
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    sampler.stop()
+    cpu_seconds = sampler.cpu_seconds() - cpu_before
+    record: dict[str, Any] = {
+        "variant": variant,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "peak_tree_rss": sampler.peak_total,
+        "peak_tree_pss": sampler.peak_pss,
+        "peak_jvm_rss": sampler.peak_by_name.get("java", 0),
+        "peak_by_name": sampler.peak_by_name,
+        "batches": sum(1 for p in query.recentProgress if p["numInputRows"] > 0),
+        "duration_ms": progress_durations(query.recentProgress),
+    }
+    if variant == "dedupsink":
+        record |= dedupsink_measures(output)
+    else:
+        record |= spark_output_measures(output, query, checkpoint)
+    spark.stop()
+    return record
+
+
+def progress_durations(progress: list[dict[str, Any]]) -> dict[str, int]:
+    """Spark's per-phase milliseconds (addBatch, walCommit, ...) summed over the batches."""
+    totals: dict[str, int] = {}
+    for report in progress:
+        for phase, ms in report.get("durationMs", {}).items():
+            totals[phase] = totals.get(phase, 0) + int(ms)
+    totals["batches_with_progress"] = len(progress)
+    return totals
+
+
+def distinct_ids(path: Path) -> tuple[int, int]:
+    """(rows, distinct ids) of a Parquet directory, read with pyarrow."""
+    table = ds.dataset(str(path), format="parquet").to_table(columns=["id"])
+    return table.num_rows, pc.count_distinct(table["id"]).as_py()
+
+
+def spark_output_measures(output: Path, query: Any, checkpoint: Path) -> dict[str, Any]:
+    rows, distinct = distinct_ids(output)
+    record: dict[str, Any] = {"out_rows": rows, "out_distinct": distinct}
+    progress = [p for p in query.recentProgress if p.get("stateOperators")]
+    if progress:
+        operator = progress[-1]["stateOperators"][0]
+        metrics = operator.get("customMetrics", {})
+        record |= {
+            "state_keys": int(operator["numRowsTotal"]),
+            "state_sst_bytes": int(metrics.get("rocksdbSstFileSize", 0)),
+            "late_dropped": sum(
+                int(p["stateOperators"][0].get("numRowsDroppedByWatermark", 0)) for p in progress
+            ),
+        }
+        record["state_files"], record["state_bytes"] = dir_bytes(checkpoint / "state")
+    return record
+
+
+def dedupsink_measures(output: Path) -> dict[str, Any]:
+    from dedupsink.store.store import BucketStore
+
+    store = BucketStore(str(output / "_store"))
+    manifest = store.read()
+    files, data_bytes = store.disk_usage()
+    record: dict[str, Any] = {
+        "state_keys": manifest.remembered_keys if manifest else 0,
+        "state_files": files,
+        "state_bytes": data_bytes,
+        "manifest_bytes": len(manifest.to_bytes()) if manifest else 0,
+        "windows": manifest.version if manifest else 0,
+    }
+    for port in PORTS:
+        rows, distinct = distinct_ids(output / port)
+        record[f"port_{port}"] = rows
+        if port == "unique":
+            record["out_rows"], record["out_distinct"] = rows, distinct
+    return record
+
+
+# -- the sink's code path under a profiler ------------------------------------------------------
+
+
+def profile_sink(input_dir: Path, files_per_trigger: int, rows: int, flat: bool) -> None:
+    """Drive run_task + commit_window over the input as Spark would, under pyinstrument."""
+    import pyarrow.parquet as pq
+    from pyinstrument import Profiler
+
+    from dedupsink.engine.settings import resolve
+    from dedupsink.options import DedupOptions
+    from dedupsink.sink.commit import commit_window
+    from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+
+    files = sorted(input_dir.glob("*.parquet"))
+    tables = [pq.read_table(f) for f in files]
+    work = Path(tempfile.mkdtemp(prefix="profile-", dir=DATA_DIR))
+    options = DedupOptions.parse(
+        {
+            "path": str(work / "out"),
+            "keys": "id",
+            "expiryKey": "event_time",
+            "expiryPeriod": "1 hour",
+        }
+    )
+    plan = SinkPlan(options, resolve(options, tables[0].schema), tables[0].schema)
+    task_s = classify_s = commit_s = 0.0
+    profiler = Profiler(interval=0.001)
+    started = time.perf_counter()
+    profiler.start()
+    try:
+        for batch_id, first in enumerate(range(0, len(tables), files_per_trigger)):
+            summaries = []
+            for partition, table in enumerate(tables[first : first + files_per_trigger]):
+                batches = table.to_batches(max_chunksize=10_000)
+                identity = TaskIdentity("profile", batch_id, partition, 0)
+                summary = run_task(plan, identity, iter(batches))
+                task_s += summary.seconds
+                classify_s += summary.classify_seconds
+                summaries.append(summary)
+            tick = time.perf_counter()
+            commit_window(plan, summaries, batch_id)
+            commit_s += time.perf_counter() - tick
+    finally:
+        profiler.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    total = time.perf_counter() - started
+    print(
+        f"sink code path, one process, no Spark: {total:.1f} s for {rows:,} rows = "
+        f"{rows / total:,.0f} rows/s (tasks {task_s:.1f} s, of which classify {classify_s:.1f} s; "
+        f"commits {commit_s:.1f} s)"
+    )
+    print(profiler.output_text(unicode=False, color=False, flat=flat))
+
+
+# -- the orchestrator -------------------------------------------------------------------------
+
+
+def child(args: argparse.Namespace) -> None:
+    work = Path(args.work)
+    record = run_variant(
+        args.variant, Path(args.input), work, args.files_per_trigger, args.driver_memory
+    )
+    print(RESULT_PREFIX + json.dumps(record), flush=True)
+
+
+def launch(variant: str, input_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    runs = DATA_DIR / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=runs))
+    command = [
+        sys.executable,
+        __file__,
+        "--variant",
+        variant,
+        "--input",
+        str(input_dir),
+        "--work",
+        str(work),
+        "--files-per-trigger",
+        str(args.files_per_trigger),
+        "--driver-memory",
+        args.driver_memory,
+    ]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(
+            f"variant {variant} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+            f"{done.stderr[-6000:]}"
+        )
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def check(record: dict[str, Any], truth: dict[str, Any]) -> str:
+    """One line: does the variant's output agree with the generator's truth?"""
+    unique_truth = truth["unique_ids"]
+    if record["variant"] == "floor":
+        ok = record["out_rows"] == truth["rows"]
+        return f"{'ok' if ok else 'MISMATCH'}: {record['out_rows']:,} rows out of {truth['rows']:,}"
+    base = (
+        f"{record['out_rows']:,} unique rows, {record['out_distinct']:,} distinct ids "
+        f"(truth {unique_truth:,})"
+    )
+    ok = record["out_rows"] == record["out_distinct"] == unique_truth
+    if record["variant"] == "dedupsink":
+        expected = truth["expected_dedup_ports"]
+        ports = {port: record[f"port_{port}"] for port in PORTS}
+        ok = ok and ports == expected
+        shown = " ".join(f"{p}={ports[p]:,}" for p in PORTS)
+        wanted = " ".join(f"{p}={expected[p]:,}" for p in PORTS)
+        return f"{'ok' if ok else 'MISMATCH'}: {base}; ports {shown} (SPEC truth {wanted})"
+    dropped = record.get("late_dropped", 0)
+    return f"{'ok' if ok else 'MISMATCH'}: {base}; {dropped:,} rows dropped as late by watermark"
+
+
+def report(results: dict[str, list[dict[str, Any]]], truth: dict[str, Any], rows: int) -> None:
+    print()
+    header = (
+        f"{'variant':<32}{'rows/s (median)':>16}{'runs rows/s':>28}{'CPU s':>8}{'state B/key':>13}"
+        f"{'peak tree RSS':>15}{'peak tree PSS':>15}{'peak JVM RSS':>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    for variant, records in results.items():
+        rates = [rows / r["seconds"] for r in records]
+        per_key = [r["state_bytes"] / r["state_keys"] for r in records if r.get("state_keys")]
+        key_text = f"{median(per_key):.1f}" if per_key else "-"
+        runs = " ".join(f"{x:,.0f}" for x in rates)
+        cpu = [r["cpu_seconds"] for r in records if "cpu_seconds" in r]
+        cpu_text = f"{median(cpu):.1f}" if cpu else "-"
+        rss = median([r["peak_tree_rss"] for r in records]) / 2**20
+        pss = median([r["peak_tree_pss"] for r in records]) / 2**20
+        jvm = median([r["peak_jvm_rss"] for r in records]) / 2**20
+        print(
+            f"{variant:<32}{median(rates):>16,.0f}{runs:>28}{cpu_text:>8}{key_text:>13}"
+            f"{rss:>12,.0f} MB{pss:>12,.0f} MB{jvm:>11,.0f} MB"
+        )
+    print(
+        "(CPU s: user + system CPU of the whole process tree from query start to the end of "
+        "awaitTermination, from /proc; the 2-core machine is shared, so wall time includes "
+        "waiting for a core and CPU time is the steadier figure)"
+    )
+    print(
+        "(peak tree RSS: sum of VmRSS over driver Python + driver JVM + Python workers, shared "
+        "pages counted per process; PSS: the same with shared pages divided; medians)"
+    )
+    print()
+    print("state on disk (last run of each variant):")
+    for variant, records in results.items():
+        r = records[-1]
+        if not r.get("state_keys"):
+            print(f"  {variant}: no state")
+            continue
+        line = (
+            f"  {variant}: {r['state_bytes']:,} B in {r['state_files']} files for "
+            f"{r['state_keys']:,} keys = {r['state_bytes'] / r['state_keys']:.1f} B/key"
+        )
+        if "state_sst_bytes" in r:
+            line += (
+                f"; last version's SST files alone {r['state_sst_bytes']:,} B = "
+                f"{r['state_sst_bytes'] / r['state_keys']:.1f} B/key"
+            )
+        else:
+            line += f" (+ manifest {r['manifest_bytes']:,} B, {r['windows']} windows)"
+        print(line)
+    print()
+    print("Spark's phases, seconds summed over the micro-batches (median of the runs):")
+    for variant, records in results.items():
+        phases = [r.get("duration_ms", {}) for r in records]
+        names = ("triggerExecution", "addBatch", "queryPlanning", "walCommit", "commitOffsets")
+        shown = []
+        for name in names:
+            values = [p[name] / 1000 for p in phases if name in p]
+            if values:
+                shown.append(f"{name} {median(values):.1f}")
+        print(f"  {variant}: " + ", ".join(shown))
+    print()
+    print("correctness (every run):")
+    for variant, records in results.items():
+        for index, r in enumerate(records):
+            print(f"  {variant} #{index + 1}: {check(r, truth)}")
+
+
+def ratio(
+    results: dict[str, list[dict[str, Any]]], other: str, measure: str = "seconds"
+) -> float | None:
+    """Median over the rounds of (dedupsink rows per ``measure``) / (``other``'s)."""
+    if "dedupsink" not in results or other not in results:
+        return None
+    pairs = zip(results["dedupsink"], results[other], strict=False)
+    return median([theirs[measure] / ours[measure] for ours, theirs in pairs])
+
+
+def orchestrate(args: argparse.Namespace) -> None:
+    print_machine()
+    start_revision = code_revision()
+    spec = CompareSpec(
+        rows=args.rows,
+        files=args.files,
+        rows_per_second=args.rows / (args.hours * 3600),
+        seed=args.seed,
+    )
+    input_dir, truth = generate_compare_input(spec, args.files_per_trigger)
+    if args.profile:
+        profile_sink(input_dir, args.files_per_trigger, truth["rows"], args.flat)
+        return
+    print(
+        f"input: {truth['rows']:,} rows in {args.files} files ({input_dir}), "
+        f"{truth['unique_ids']:,} distinct ids, {truth['resends']:,} re-sends, "
+        f"{truth['late']:,} very late re-sends, {truth['event_time_span_s'] / 3600:.2f} h of "
+        f"event time at {spec.rows_per_second:.1f} rows/s; {args.files_per_trigger} files "
+        f"({truth['window_rows']:,} rows) a micro-batch"
+    )
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    load = LoadSampler().start()
+    for repeat in range(args.repeats):
+        for variant in variants:
+            record = launch(variant, input_dir, args)
+            results[variant].append(record)
+            print(
+                f"round {repeat + 1}/{args.repeats} {variant:<32} {record['seconds']:7.1f} s "
+                f"{args.rows / record['seconds']:>10,.0f} rows/s  "
+                f"CPU {record['cpu_seconds']:6.1f} s  load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    load.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"truth": truth, "results": results}, indent=1))
+    revision = code_revision()
+    if revision != start_revision:
+        print(f"WARNING: dedupsink changed during the runs: {start_revision} -> {revision}")
+    report(results, truth, args.rows)
+    print()
+    print(load.summary())
+    within = ratio(results, "spark-within-watermark-rocksdb")
+    floor = ratio(results, "floor")
+    cpu_within = ratio(results, "spark-within-watermark-rocksdb", "cpu_seconds")
+    cpu_floor = ratio(results, "floor", "cpu_seconds")
+    if cpu_within is not None and cpu_floor is not None:
+        print(
+            f"the same ratios in rows per CPU-second of the process tree: vs "
+            f"spark-within-watermark-rocksdb {cpu_within:.3f}, vs floor {cpu_floor:.3f}"
+        )
+    if within is not None:
+        print(f"ratio_vs_spark_within_watermark={within:.3f}")
+    if floor is not None:
+        print(f"ratio_vs_floor={floor:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--files", type=int, default=40)
+    parser.add_argument("--hours", type=float, default=3.0, help="event time the stream spans")
+    parser.add_argument("--files-per-trigger", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--json", help="also write every run's measurements to this file")
+    parser.add_argument("--profile", action="store_true", help="profile the sink's code path")
+    parser.add_argument("--flat", action="store_true", help="with --profile: a flat profile")
+    parser.add_argument("--keep", action="store_true", help="keep each run's output directory")
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--input", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.variant:
+        child(args)
+    else:
+        orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,439 @@
+"""Scale benchmark: does a window cost the same at the end of a day as at its start?
+
+A day of one-minute windows (1,440 windows) goes through the dedup sink with
+``expiryKey=event_time``, ``expiryPeriod=24 hours`` and ``bucketSpan=1 hour``: every window
+holds ``--rows-per-batch`` rows (2,000 by default) whose event times fall in that window's
+minute, 10% of them exact re-sends of a row from the same or the two previous windows. The
+store therefore grows to a whole day of remembered keys (nothing expires before window 1,440:
+that is the expiry period). The same day is then run again with 10x the rows per batch.
+
+How a window is driven. A Spark micro-batch of this size is measured first (``--spark-probe``
+windows through ``format("dedup")`` on ``local[2]``, median ``triggerExecution`` of the batches
+after the first two); on this machine it is dominated by Spark's fixed per-batch cost, so 1,440
+of them would take far longer than the sink itself. The day is therefore driven without Spark:
+each window calls ``dedupsink.sink.task.run_task`` (the executor side: classification, Parquet
+staging of the four ports, the window file) and ``dedupsink.sink.commit.commit_window`` (the
+driver side: the next manifest, publication into the ports, Spark's sink log, garbage
+collection) on the local filesystem, exactly as ``bench/engine_bench.py`` does. That is the code
+path of a batch minus Spark's transport (Arrow batches of 10,000 rows, one task a window).
+
+Measured, in a fresh process per size:
+
+* sink time per window: wall time of ``run_task`` + ``commit_window`` (data generation is
+  outside the clock), reported at windows 10, 100, 720 and 1,440 as the median over the windows
+  within ``--neighbourhood`` of that window (the last ones for the final window);
+* the store at those windows: window files and bytes under ``_store/data``, the manifest's
+  size and the remembered keys;
+* memory of the process doing the work: ``VmRSS`` at those windows and the peak ``VmHWM``;
+* the spread: mean, median, p95 and max over all windows, the median by minute of the hour
+  (the time bucket being filled grows through each hour) and by hour of the day (the store
+  grows through the day), which separate the two causes of any growth.
+
+The last lines are machine-readable: ``overhead_growth=<x>``, the time per row at window 1,440
+over the time per row at window 10 (the larger of the two sizes' figures; each is printed too),
+and ``rss_growth=<x>``, the peak RSS of the 10x run over that of the 1x run.
+
+``--profile N`` runs one day of ``--rows-per-batch`` rows in this process and prints a
+pyinstrument profile of its last N windows (where the growth, if any, shows).
+
+Usage: ``python bench/scale.py [--windows N] [--rows-per-batch N] [--factor N]
+[--spark-probe N]``; ``--windows 120 --rows-per-batch 500 --spark-probe 0`` is a quick check
+(checkpoints beyond ``--windows`` are dropped, the last window is always one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (
+    DATA_DIR,
+    EPOCH_2024_US,
+    LoadSampler,
+    code_revision,
+    event_columns,
+    median,
+    print_machine,
+    vm_hwm,
+    vm_rss,
+)
+
+MINUTE_US = 60_000_000
+CHECKPOINTS = (10, 100, 720, 1440)
+RESULT_PREFIX = "RESULT "
+SINK_OPTIONS = {
+    "keys": "id",
+    "expiryKey": "event_time",
+    "expiryPeriod": "24 hours",
+    "bucketSpan": "1 hour",
+}
+
+
+class Day:
+    """Generates the windows: one minute of event time each, re-sends from recent windows."""
+
+    def __init__(self, rows_per_batch: int, resend_fraction: float, seed: int) -> None:
+        self.rows = rows_per_batch
+        self.resends = round(rows_per_batch * resend_fraction)
+        self.rng = np.random.default_rng(seed)
+        self.recent: list[pa.Table] = []
+
+    def window(self, index: int) -> pa.Table:
+        fresh = self.rows - self.resends
+        offsets = np.sort(self.rng.integers(0, MINUTE_US, fresh))
+        originals = event_columns(self.rng, EPOCH_2024_US + index * MINUTE_US + offsets)
+        self.recent = [*self.recent[-2:], originals]
+        pool = pa.concat_tables(self.recent)
+        copies = pool.take(pa.array(self.rng.integers(0, pool.num_rows, self.resends)))
+        table = pa.concat_tables([originals, copies])
+        return table.take(pa.array(self.rng.permutation(table.num_rows)))
+
+
+# -- one size, in its own process -----------------------------------------------------------
+
+
+def run_day(
+    windows: int,
+    rows_per_batch: int,
+    resend_fraction: float,
+    seed: int,
+    checkpoints: list[int],
+    work: Path,
+    profile_last: int = 0,
+) -> dict[str, Any]:
+    from dedupsink.engine.settings import resolve
+    from dedupsink.options import DedupOptions
+    from dedupsink.sink.commit import commit_window
+    from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+
+    day = Day(rows_per_batch, resend_fraction, seed)
+    first = day.window(0)
+    options = DedupOptions.parse({"path": str(work / "out"), **SINK_OPTIONS})
+    plan = SinkPlan(options, resolve(options, first.schema), first.schema)
+    baseline_rss = vm_rss()
+    seconds = np.zeros(windows)
+    classify = np.zeros(windows)
+    task = np.zeros(windows)
+    snapshots: dict[int, dict[str, Any]] = {}
+    table = first
+    profiler = None
+    for index in range(windows):
+        if index:
+            table = day.window(index)
+        if profile_last and index == windows - profile_last:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.001)
+            profiler.start()
+        batches = table.to_batches(max_chunksize=10_000)
+        started = time.perf_counter()
+        summary = run_task(plan, TaskIdentity("scale", index, 0, 0), iter(batches))
+        commit_window(plan, [summary], index)
+        seconds[index] = time.perf_counter() - started
+        classify[index], task[index] = summary.classify_seconds, summary.seconds
+        number = index + 1
+        if number in checkpoints:
+            manifest = plan.store.read()
+            assert manifest is not None
+            files, data_bytes = plan.store.disk_usage()
+            snapshots[number] = {
+                "store_files": files,
+                "store_bytes": data_bytes,
+                "manifest_bytes": len(manifest.to_bytes()),
+                "live_files": len(manifest.files),
+                "segments": sum(len(s) for s in manifest.buckets.values()),
+                "remembered": manifest.remembered_keys,
+                "rss": vm_rss(),
+                "hwm": vm_hwm(),
+            }
+    if profiler is not None:
+        profiler.stop()
+        print(profiler.output_text(unicode=False, color=False))
+    manifest = plan.store.read()
+    assert manifest is not None
+    return {
+        "rows_per_batch": rows_per_batch,
+        "windows": windows,
+        "seconds": seconds.tolist(),
+        "classify": classify.tolist(),
+        "task": task.tolist(),
+        "snapshots": snapshots,
+        "baseline_rss": baseline_rss,
+        "peak_rss": vm_hwm(),
+        "totals": manifest.totals,
+        "expected": {
+            "unique": windows * (rows_per_batch - day.resends),
+            "duplicate": windows * day.resends,
+            "expired": 0,
+            "error": 0,
+        },
+    }
+
+
+def spark_probe(
+    batches: int, rows_per_batch: int, resend_fraction: float, seed: int, work: Path
+) -> dict[str, Any]:
+    """Per-batch time of the real Spark query over windows of the same shape."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import SparkSession
+
+    day = Day(rows_per_batch, resend_fraction, seed)
+    source = work / "input"
+    source.mkdir(parents=True)
+    base = int(time.time()) - 86_400
+    for index in range(batches):
+        target = source / f"part-{index:05d}.parquet"
+        pq.write_table(day.window(index), target)
+        os.utime(target, (base + index, base + index))
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-scale-probe")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    schema = spark.read.parquet(str(source / "part-00000.parquet")).schema
+    writer = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(source))
+        .writeStream.format("dedup")
+        .option("path", str(work / "out"))
+        .option("checkpointLocation", str(work / "checkpoint"))
+    )
+    for key, value in SINK_OPTIONS.items():
+        writer = writer.option(key, value)
+    started = time.perf_counter()
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    wall = time.perf_counter() - started
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
+    add_batch = [p["durationMs"].get("addBatch", 0) / 1000 for p in progress]
+    spark.stop()
+    return {
+        "batches": len(progress),
+        "wall": wall,
+        "trigger": durations,
+        "add_batch": add_batch,
+    }
+
+
+# -- the orchestrator -------------------------------------------------------------------------
+
+
+def launch(mode: str, args: argparse.Namespace, rows_per_batch: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    runs = DATA_DIR / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"scale-{mode}-", dir=runs))
+    command = [
+        sys.executable,
+        __file__,
+        f"--{mode}",
+        "--work",
+        str(work),
+        "--rows-per-batch",
+        str(rows_per_batch),
+        "--windows",
+        str(args.windows),
+        "--spark-probe",
+        str(args.spark_probe),
+        "--resend",
+        str(args.resend),
+        "--seed",
+        str(args.seed),
+    ]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{mode} run failed ({done.returncode}):\n{done.stderr[-6000:]}")
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def window_median(values: list[float], window: int, reach: int) -> float:
+    """Median of the windows numbered ``window - reach`` .. ``window + reach`` that exist."""
+    last = len(values)
+    low, high = max(1, window - reach), min(last, window + reach)
+    if high == last:
+        low = max(1, last - 2 * reach)
+    return median(values[low - 1 : high])
+
+
+def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> float:
+    """Print one size's table; returns time per row at the last checkpoint over the first."""
+    rows = result["rows_per_batch"]
+    print()
+    print(
+        f"{rows:,} rows per window, {result['windows']:,} windows "
+        f"(sink time = run_task + commit_window, median over windows +-{reach})"
+    )
+    header = (
+        f"{'window':>7}{'sink ms/window':>16}{'us/row':>9}{'classify ms':>13}{'task ms':>9}"
+        f"{'commit ms':>11}{'store files':>13}{'store MB':>10}{'manifest KB':>13}"
+        f"{'segments':>10}{'remembered':>12}{'RSS MB':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    commit = [s - t for s, t in zip(result["seconds"], result["task"], strict=True)]
+    per_row: dict[int, float] = {}
+    for window in checkpoints:
+        snap = result["snapshots"][str(window)]
+        total = window_median(result["seconds"], window, reach)
+        per_row[window] = total / rows
+        print(
+            f"{window:>7,}{total * 1000:>16.1f}{total / rows * 1e6:>9.2f}"
+            f"{window_median(result['classify'], window, reach) * 1000:>13.1f}"
+            f"{window_median(result['task'], window, reach) * 1000:>9.1f}"
+            f"{window_median(commit, window, reach) * 1000:>11.1f}"
+            f"{snap['store_files']:>13,}{snap['store_bytes'] / 1e6:>10.2f}"
+            f"{snap['manifest_bytes'] / 1e3:>13.1f}{snap['segments']:>10,}"
+            f"{snap['remembered']:>12,}{snap['rss'] / 2**20:>9.0f}"
+        )
+    seconds = np.array(result["seconds"]) * 1000
+    print(
+        f"all windows: mean {seconds.mean():.1f} ms, median {np.median(seconds):.1f} ms, "
+        f"p95 {np.percentile(seconds, 95):.1f} ms, max {seconds.max():.1f} ms"
+    )
+    minute = np.arange(len(seconds)) % 60
+    bands = [
+        f"{low:02d}-{low + 9:02d} {np.median(seconds[(minute >= low) & (minute < low + 10)]):.1f}"
+        for low in range(0, 60, 10)
+        if ((minute >= low) & (minute < low + 10)).any()
+    ]
+    print("median ms/window by minute of the hour (the bucket being filled): " + ", ".join(bands))
+    hours = len(seconds) // 60
+    picks = sorted({0, 1, hours // 4, hours // 2, 3 * hours // 4, hours - 1} - {-1})
+    by_hour = [f"{h} {np.median(seconds[h * 60 : (h + 1) * 60]):.1f}" for h in picks if h < hours]
+    if by_hour:
+        print("median ms/window by hour of the day: " + ", ".join(by_hour))
+    totals = result["totals"]
+    shown = " ".join(f"{p}={totals.get(p, 0):,}" for p in ("unique", "duplicate", "expired"))
+    ok = all(totals.get(p, 0) == n for p, n in result["expected"].items())
+    print(
+        f"whole day: {sum(result['seconds']):.1f} s in the sink; peak RSS (VmHWM) "
+        f"{result['peak_rss'] / 2**20:.0f} MB, {result['baseline_rss'] / 2**20:.0f} MB before the "
+        f"first window; ports {shown} ({'ok' if ok else 'MISMATCH'} against the generator)"
+    )
+    growth = per_row[checkpoints[-1]] / per_row[checkpoints[0]]
+    print(f"time per row, window {checkpoints[-1]:,} / window {checkpoints[0]:,}: {growth:.3f}")
+    return growth
+
+
+def orchestrate(args: argparse.Namespace) -> None:
+    print_machine()
+    start_revision = code_revision()
+    load = LoadSampler().start()
+    if args.spark_probe:
+        probe = launch("probe", args, args.rows_per_batch)
+        steady = probe["trigger"][2:] or probe["trigger"]
+        per_batch = median(steady)
+        print(
+            f"Spark probe: {probe['batches']} micro-batches of {args.rows_per_batch:,} rows "
+            f"through format('dedup') on local[2] took {probe['wall']:.1f} s; median "
+            f"triggerExecution {per_batch:.2f} s (addBatch {median(probe['add_batch'][2:]):.2f} s)"
+            f" -> about {per_batch * args.windows / 60:.0f} min for {args.windows:,} batches, "
+            "per size"
+        )
+    print(
+        "driving the sink's executor and driver code directly (run_task + commit_window, one "
+        "task a window, local filesystem), without Spark's transport"
+    )
+    checkpoints = sorted({c for c in CHECKPOINTS if c < args.windows} | {args.windows})
+    sizes = [args.rows_per_batch, args.rows_per_batch * args.factor]
+    results = [launch("worker", args, rows) for rows in sizes]
+    load.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}))
+    revision = code_revision()
+    if revision != start_revision:
+        print(f"WARNING: dedupsink changed during the runs: {start_revision} -> {revision}")
+    growths = [report_day(result, checkpoints, args.neighbourhood) for result in results]
+    rss_growth = results[1]["peak_rss"] / results[0]["peak_rss"]
+    print()
+    print(load.summary())
+    print(
+        "overhead growth per size: "
+        + ", ".join(
+            f"{r['rows_per_batch']:,} rows {g:.3f}" for r, g in zip(results, growths, strict=True)
+        )
+    )
+    print(f"overhead_growth={max(growths):.3f}")
+    print(f"rss_growth={rss_growth:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=1440)
+    parser.add_argument("--rows-per-batch", type=int, default=2000)
+    parser.add_argument("--factor", type=int, default=10, help="rows per batch of the second run")
+    parser.add_argument("--resend", type=float, default=0.10)
+    parser.add_argument("--neighbourhood", type=int, default=5)
+    parser.add_argument(
+        "--spark-probe", type=int, default=20, help="Spark batches to time; 0: none"
+    )
+    parser.add_argument("--seed", type=int, default=20240602)
+    parser.add_argument("--json", help="also write every window's measurements to this file")
+    parser.add_argument("--profile", type=int, default=0, help="profile the last N windows")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.profile:
+        work = Path(tempfile.mkdtemp(prefix="scale-profile-", dir=DATA_DIR))
+        try:
+            record = run_day(
+                args.windows,
+                args.rows_per_batch,
+                args.resend,
+                args.seed,
+                [args.windows],
+                work,
+                args.profile,
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        seconds = record["seconds"]
+        print(
+            f"sink time per window: first 10 {median(seconds[:10]) * 1000:.1f} ms, "
+            f"last 10 {median(seconds[-10:]) * 1000:.1f} ms"
+        )
+        return
+    if args.worker or args.probe:
+        work = Path(args.work)
+        if args.worker:
+            checkpoints = sorted({c for c in CHECKPOINTS if c < args.windows} | {args.windows})
+            record = run_day(
+                args.windows, args.rows_per_batch, args.resend, args.seed, checkpoints, work
+            )
+        else:
+            record = spark_probe(
+                args.spark_probe, args.rows_per_batch, args.resend, args.seed, work
+            )
+        print(RESULT_PREFIX + json.dumps(record), flush=True)
+    else:
+        orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()
