@@ -225,38 +225,17 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         if options.max_expiry_jump
         else None
     )
-    if mode not in TIME_BUCKET_MODES:
-        if options.bucket_span is not None:
-            raise DedupOptionError(
-                BUCKET_SPAN,
-                options.bucket_span.text,
-                f"no value with expiryMode={mode} (it buckets by key hash; see numBuckets)",
-            )
-        return Settings(
-            mode,
-            keys,
-            key_types,
-            options.expiry_key,
-            expiry_type,
-            stamp_kind,
-            period,
-            None,
-            options.num_buckets,
-            jump,
+    span: float | None = None
+    bucket_count = options.num_buckets
+    if mode in TIME_BUCKET_MODES:
+        span = _time_bucket_span(options, mode, period, stamp_kind)
+        bucket_count = max(1, math.ceil(period / span))
+    elif options.bucket_span is not None:
+        raise DedupOptionError(
+            BUCKET_SPAN,
+            options.bucket_span.text,
+            f"no value with expiryMode={mode} (it buckets by key hash; see numBuckets)",
         )
-    if options.bucket_span is not None:
-        span = _in_domain(BUCKET_SPAN, options.bucket_span, mode)
-        if span > period:
-            raise DedupOptionError(
-                BUCKET_SPAN,
-                options.bucket_span.text,
-                f"at most the expiry period ({options.expiry_period.text})",
-            )
-    else:
-        span = period / BUCKETS_PER_PERIOD_DEFAULT
-        if stamp_kind == "int":
-            span = max(1.0, math.floor(span))
-    bucket_count = max(1, math.ceil(period / span))
     return Settings(
         mode,
         keys,
@@ -269,3 +248,18 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         bucket_count,
         jump,
     )
+
+
+def _time_bucket_span(options: DedupOptions, mode: Mode, period: float, kind: StampKind) -> float:
+    """The bucket span in the expiry domain: as given (at most the period), or a sixteenth of
+    the period (whole units for integer domains)."""
+    if options.bucket_span is None:
+        span = period / BUCKETS_PER_PERIOD_DEFAULT
+        return max(1.0, math.floor(span)) if kind == "int" else span
+    span = _in_domain(BUCKET_SPAN, options.bucket_span, mode)
+    if span > period:
+        given = options.expiry_period.text if options.expiry_period else period
+        raise DedupOptionError(
+            BUCKET_SPAN, options.bucket_span.text, f"at most the expiry period ({given})"
+        )
+    return span
