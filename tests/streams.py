@@ -43,19 +43,15 @@ def run_stream(
     repartition: int | None = None,
 ) -> None:
     """Run the sink over every file of ``input_dir`` with availableNow, until done."""
-    if schema is None:
-        schema = spark.read.parquet(str(input_dir)).schema
-    frame = (
-        spark.readStream.schema(schema)
-        .option("maxFilesPerTrigger", files_per_batch)
-        .parquet(str(input_dir))
+    query = start_stream(
+        spark,
+        input_dir,
+        {"path": str(output), **options},
+        checkpoint,
+        schema=schema,
+        files_per_batch=files_per_batch,
+        repartition=repartition,
     )
-    if repartition:
-        frame = frame.repartition(repartition)
-    writer = frame.writeStream.format("dedup").option("path", str(output))
-    for key, value in options.items():
-        writer = writer.option(key, value)
-    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination()
 
 

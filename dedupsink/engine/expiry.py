@@ -85,7 +85,7 @@ def _ordered_values(array: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray]
 def _cast_or_null(array: pa.Array, target: pa.DataType) -> pa.Array:
     try:
         return array.cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except pa.ArrowException:  # invalid text, or a conversion Arrow lacks
         # Text with some non-numbers: convert the distinct values one by one (few, not per row).
         distinct = pc.unique(array)
         converted = []
@@ -94,7 +94,7 @@ def _cast_or_null(array: pa.Array, target: pa.DataType) -> pa.Array:
                 converted.append(
                     pa.scalar(value, array.type).cast(target).as_py() if value is not None else None
                 )
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            except pa.ArrowException:  # invalid text, or a conversion Arrow lacks
                 converted.append(None)
         return pc.take(pa.array(converted, type=target), pc.index_in(array, value_set=distinct))
 
