@@ -45,12 +45,24 @@ class DedupStreamWriter(DataSourceStreamArrowWriter):
         return DedupCommitMessage(run_task(self.plan, current_task(), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _log_to_stderr_if_unconfigured()
         summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
         commit_window(self.plan, summaries, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Staged files stay invisible; the next commit of this batch or a later sweep removes them.
         log.warning("dedup batch %s aborted; nothing was published", batchId)
+
+
+def _log_to_stderr_if_unconfigured() -> None:
+    """Spark runs the commit in a Python worker with no logging set up; give the sink's
+    one-line-per-batch summary a stderr handler there (Spark shows a worker's stderr in the
+    driver's log), unless the application configured logging itself."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 def current_task() -> TaskIdentity:
