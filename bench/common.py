@@ -469,41 +469,18 @@ def machine_facts() -> dict[str, str]:
     return facts
 
 
+def _git(repo: Path, *args: str) -> str:
+    """Run a git command about the sink's code in ``repo`` and return its output."""
+    command = ["git", "-C", str(repo), *args, "--", "dedupsink", "pyspark_dedup.py"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def code_revision() -> str:
     """The last commit that changed ``dedupsink/``, and whether the working tree differs from it."""
     repo = BENCH_DIR.parent
     try:
-        head = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(repo),
-                "log",
-                "-1",
-                "--format=%h",
-                "--",
-                "dedupsink",
-                "pyspark_dedup.py",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(repo),
-                "status",
-                "--porcelain",
-                "--",
-                "dedupsink",
-                "pyspark_dedup.py",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head = _git(repo, "log", "-1", "--format=%h")
+        dirty = _git(repo, "status", "--porcelain")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head}{' + local changes' if dirty else ''}"

@@ -234,8 +234,6 @@ def _named_leaves(name: str, array: pa.Array) -> list[tuple[str, pa.Array]]:
         children = array.flatten()
         for index, child in enumerate(children):
             named.extend(_named_leaves(f"{name}.{array.type.field(index).name}", child))
-        if array.null_count and not named:
-            named.append((name, array))
         return named or [(name, array)]
     return [(name, leaf) for leaf in key_leaves(array)]
 

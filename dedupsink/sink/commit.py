@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dedupsink.engine.classify import PORTS
+from dedupsink.engine.classify import PORTS, stamp_dtype
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import column
@@ -121,22 +121,19 @@ def finish_publication(store: BucketStore, output: Output, manifest: Manifest) -
 # -- step 3: keys found new by more than one partition -------------------------------------
 
 
-def _new_keys_of(store: BucketStore, summary: TaskSummary) -> Fingerprints:
+def _new_keys_of(plan: SinkPlan, store: BucketStore, summary: TaskSummary) -> Fingerprints:
+    """The fingerprints of a task's window file (one read; stamps are not needed here)."""
     assert summary.window_file is not None
     path = store.data_path(summary.window_file.name)
     data = store.fs.cat_file(path)
+    dtype = stamp_dtype(plan.settings)
     h1, h2 = [], []
     for segment in summary.segments.values():
         raw = data[segment.offset : segment.offset + segment.length]
-        decoded = decode_segment(raw, segment, _stamp_dtype_of(summary, segment, raw), path)
+        decoded = decode_segment(raw, segment, dtype, path)
         h1.append(decoded.h1)
         h2.append(decoded.h2)
     return Fingerprints(np.concatenate(h1), np.concatenate(h2))
-
-
-def _stamp_dtype_of(summary: TaskSummary, segment: Segment, raw: bytes) -> np.dtype | None:
-    # Stamps are present when the segment is three words per key; their type does not matter here.
-    return np.dtype(np.int64) if segment.length == 24 * segment.count else None
 
 
 def settle_cross_partition_keys(
@@ -146,7 +143,7 @@ def settle_cross_partition_keys(
     holders = [s for s in done if s.window_file is not None]
     if len(holders) < 2:
         return 0
-    keys = [_new_keys_of(store, s) for s in holders]
+    keys = [_new_keys_of(plan, store, s) for s in holders]
     owner = np.concatenate([np.full(len(k), i, dtype=np.int64) for i, k in enumerate(keys)])
     h1 = np.concatenate([k.h1 for k in keys])
     h2 = np.concatenate([k.h2 for k in keys])
