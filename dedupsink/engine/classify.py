@@ -160,7 +160,11 @@ class WindowClassifier:
         candidates: np.ndarray,
         ports: np.ndarray,
     ) -> None:
-        fps = fingerprint([array.take(pa.array(candidates)) for array in keys])
+        # Hashing every row and indexing the fingerprints is cheaper than taking the candidate
+        # rows out of the key columns (a copy of every string); null slots hash harmlessly.
+        fps = fingerprint(keys)
+        if len(candidates) < len(ports):
+            fps = fps.take(candidates)
         stamps = None
         if expiry is not None:
             stamps = expiry.values[candidates]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -94,12 +94,16 @@ class Manifest:
         return {name: index for index, name in enumerate(self.categories)}
 
     def to_bytes(self) -> bytes:
-        record = asdict(self)
+        # Built by hand: dataclasses.asdict deep-copies every nested value, which cost more
+        # than packing once the index holds a day of segments.
+        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        record["files"] = {name: vars(wf) for name, wf in self.files.items()}
         record["buckets"] = {
             bucket: [[s.file, s.offset, s.length, s.count, s.crc] for s in segments]
             for bucket, segments in self.buckets.items()
         }
         record["tombstones"] = [list(t) for t in self.tombstones]
+        record["ports"] = {port: vars(state) for port, state in self.ports.items()}
         payload = msgpack.packb(record, use_bin_type=True)
         return _HEADER.pack(MANIFEST_MAGIC, zlib.crc32(payload), len(payload)) + payload
 
