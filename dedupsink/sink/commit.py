@@ -26,15 +26,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from dedupsink.engine.classify import PORTS, stamp_dtype
-from dedupsink.engine.fingerprint import Fingerprints, fingerprint
-from dedupsink.engine.keyset import KeySet
-from dedupsink.engine.settings import column
+from dedupsink.engine.classify import PORTS
 from dedupsink.errors import StoreConflictError, StoreError
 from dedupsink.sink.ports import Output, PortFile, port_schema
 from dedupsink.sink.task import SinkPlan, TaskSummary, check_owner
-from dedupsink.store.format import Manifest, PortState, Segment, decode_segment
+from dedupsink.store.format import Manifest, PortState, Segment
 from dedupsink.store.store import TOMBSTONE_GRACE_VERSIONS, BucketStore, now_ms
 
 log = logging.getLogger("dedupsink")
@@ -96,7 +94,7 @@ def commit_window(
             "to re-run the batch."
         )
     done.sort(key=lambda s: s.identity.partition)
-    demoted = settle_cross_partition_keys(plan, store, output, done)
+    demoted = settle_cross_partition_keys(output, done)
     nxt = next_manifest(plan, manifest, done, query_id, batch_id, demoted)
     store.commit(nxt)
     finish_publication(store, output, nxt)
@@ -121,73 +119,49 @@ def finish_publication(store: BucketStore, output: Output, manifest: Manifest) -
 # -- step 3: keys found new by more than one partition -------------------------------------
 
 
-def _new_keys_of(plan: SinkPlan, store: BucketStore, summary: TaskSummary) -> Fingerprints:
-    """The fingerprints of a task's window file (one read; stamps are not needed here)."""
-    assert summary.window_file is not None
-    path = store.data_path(summary.window_file.name)
-    data = store.fs.cat_file(path)
-    dtype = stamp_dtype(plan.settings)
-    h1, h2 = [], []
-    for segment in summary.segments.values():
-        raw = data[segment.offset : segment.offset + segment.length]
-        decoded = decode_segment(raw, segment, dtype, path)
-        h1.append(decoded.h1)
-        h2.append(decoded.h2)
-    return Fingerprints(np.concatenate(h1), np.concatenate(h2))
+def settle_cross_partition_keys(output: Output, done: list[TaskSummary]) -> int:
+    """Demote to duplicate the rows of keys a lower partition also found new; returns how many.
 
-
-def settle_cross_partition_keys(
-    plan: SinkPlan, store: BucketStore, output: Output, done: list[TaskSummary]
-) -> int:
-    """Demote to duplicate the rows of keys a lower partition also found new; returns how many."""
-    holders = [s for s in done if s.window_file is not None]
+    Each task staged its new keys in the order of its unique rows, so a hash lookup of one
+    partition's keys among the lower partitions' names the losing rows directly."""
+    holders = [s for s in done if s.unique_keys is not None]
     if len(holders) < 2:
         return 0
-    keys = [_new_keys_of(plan, store, s) for s in holders]
-    owner = np.concatenate([np.full(len(k), i, dtype=np.int64) for i, k in enumerate(keys)])
-    h1 = np.concatenate([k.h1 for k in keys])
-    h2 = np.concatenate([k.h2 for k in keys])
-    order = np.lexsort((owner, h2, h1))
-    same_as_previous = np.zeros(len(order), dtype=bool)
-    same_as_previous[1:] = (h1[order][1:] == h1[order][:-1]) & (h2[order][1:] == h2[order][:-1])
-    losers = order[same_as_previous]
-    if len(losers) == 0:
-        return 0
-    for index, summary in enumerate(holders):
-        mine = losers[owner[losers] == index]
-        if len(mine):
-            lost = KeySet.build(h1[mine], h2[mine], None)
-            _demote_rows(plan, output, summary, lost)
-            assert summary.window_file is not None
-            summary.window_file.keys -= len(mine)
-    return len(losers)
+    keys = [output.read_unique_keys(str(s.unique_keys), s.counts["unique"]) for s in holders]
+    demoted = 0
+    for index in range(1, len(holders)):
+        lower = pa.concat_arrays(keys[:index])
+        lost = pc.is_in(keys[index], value_set=lower).to_numpy(zero_copy_only=False)
+        if lost.any():
+            _demote_rows(output, holders[index], lost)
+            demoted += int(lost.sum())
+    return demoted
 
 
-def _demote_rows(plan: SinkPlan, output: Output, summary: TaskSummary, lost: KeySet) -> None:
-    """Rewrite this task's unique files without the demoted rows, which go to duplicate."""
-    kept: list[PortFile] = []
-    for record in summary.files:
-        if record.port != "unique":
-            kept.append(record)
-            continue
-        table = output.read_table(record.path)
-        batch = table.combine_chunks().to_batches()[0] if table.num_rows else None
-        if batch is None:
-            kept.append(record)
-            continue
-        fps = fingerprint([column(batch, name) for name in plan.settings.keys])
-        moved = lost.contains(fps)
-        identity = summary.identity
-        for port, mask in (("unique", ~moved), ("duplicate", moved)):
-            if mask.any():
-                relative = output.new_staging_file(
-                    identity.token, port, identity.partition, identity.attempt
-                )
-                output.write_table(relative, batch.filter(pa.array(mask)))
-                kept.append(PortFile(port, relative, int(mask.sum())))
-        summary.counts["unique"] -= int(moved.sum())
-        summary.counts["duplicate"] += int(moved.sum())
+def _demote_rows(output: Output, summary: TaskSummary, lost: np.ndarray) -> None:
+    """Rewrite this task's unique file without the lost rows, which go to duplicate."""
+    (record,) = [r for r in summary.files if r.port == "unique"]
+    table = output.read_table(record.path)
+    if table.num_rows != len(lost):
+        raise StoreError(
+            f"staged unique file {output.path(record.path)} holds {table.num_rows} rows, but its "
+            f"task staged {len(lost)} keys"
+        )
+    kept = [r for r in summary.files if r is not record]
+    identity = summary.identity
+    for port, mask in (("unique", ~lost), ("duplicate", lost)):
+        if mask.any():
+            relative = output.new_staging_file(
+                identity.token, port, identity.partition, identity.attempt
+            )
+            output.write_table(relative, table.filter(pa.array(mask)))
+            kept.append(PortFile(port, relative, int(mask.sum())))
+    moved = int(lost.sum())
     summary.files = kept
+    summary.counts["unique"] -= moved
+    summary.counts["duplicate"] += moved
+    if summary.window_file is not None:
+        summary.window_file.keys -= moved
 
 
 # -- step 4: the next manifest -------------------------------------------------------------

@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, split, stamp_dtype
+from dedupsink.engine.classify import (
+    PORTS,
+    CommittedState,
+    NewKeys,
+    WindowClassifier,
+    split,
+    stamp_dtype,
+)
+from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreOwnershipError
@@ -66,6 +74,7 @@ class TaskSummary:
     base_version: int
     skipped: bool = False
     files: list[PortFile] = field(default_factory=list)
+    unique_keys: str | None = None  # staged keys of the unique rows, in row order
     counts: dict[str, int] = field(default_factory=dict)
     window_file: WindowFile | None = None
     segments: dict[int, Segment] = field(default_factory=dict)
@@ -142,7 +151,14 @@ def run_task(
         summary.skipped = True  # a re-run of a committed batch: its outputs already exist
         return summary
     check_owner(manifest, identity.query_id, plan.options.owner_timeout.micros // 1000, store.url)
-    manager = manager_for(store, manifest, plan.options.max_cached_buckets, stamp_dtype(settings))
+    options = plan.options
+    manager = manager_for(
+        store,
+        manifest,
+        options.max_cached_buckets,
+        stamp_dtype(settings),
+        options.max_cache_memory.nbytes,
+    )
     state = CommittedState(manifest.latest, manifest.category_ordinals())
     classifier = WindowClassifier(settings, state, manager)
     writers = PortWriters(plan.output, identity.token, identity.partition, identity.attempt)
@@ -162,8 +178,15 @@ def run_task(
     summary.counts = counts
     summary.max_stamp = classifier.max_stamp
     summary.new_categories = classifier.new_categories
+    new = classifier.new_keys()
+    if len(new.h1):
+        # The i-th new key is the key of the i-th unique row: the commit's settlement of keys
+        # that several partitions found new uses this to find rows without reading them.
+        summary.unique_keys = plan.output.write_unique_keys(
+            identity.token, identity.partition, identity.attempt, Fingerprints(new.h1, new.h2)
+        )
     compacted = _compaction(manager, manifest, classifier, identity)
-    _write_new_keys(store, manifest, classifier, identity, summary, compacted)
+    _write_new_keys(store, manifest, classifier, new, identity, summary, compacted)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary
@@ -212,11 +235,11 @@ def _write_new_keys(
     store: BucketStore,
     manifest: Manifest,
     classifier: WindowClassifier,
+    new: NewKeys,
     identity: TaskIdentity,
     summary: TaskSummary,
     compacted: dict[int, tuple[KeySet, list[tuple[str, int]]]],
 ) -> None:
-    new = classifier.new_keys()
     summary.new_keys = len(new.h1)
     h1, h2, buckets, stamps = new.h1, new.h2, new.buckets, new.stamps
     for bucket, (keys, replaced) in compacted.items():
