@@ -29,6 +29,8 @@ NUM_BUCKETS = "numBuckets"
 NUM_BUCKETS_DEFAULT = 64
 MAX_CACHED_BUCKETS = "maxCachedBuckets"
 MAX_CACHED_BUCKETS_DEFAULT = 64
+MAX_CACHE_MEMORY = "maxCacheMemory"
+MAX_CACHE_MEMORY_DEFAULT = "128 MB"
 MAX_EXPIRY_JUMP = "maxExpiryJump"
 STORE_PATH = "storePath"
 STORE_DIRNAME_DEFAULT = "_store"
@@ -50,6 +52,7 @@ SINK_OPTIONS = (
     BUCKET_SPAN,
     NUM_BUCKETS,
     MAX_CACHED_BUCKETS,
+    MAX_CACHE_MEMORY,
     MAX_EXPIRY_JUMP,
     STORE_PATH,
     OUTPUT_FORMAT,
@@ -80,6 +83,9 @@ _UNIT_MICROS = {
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 _NUMBER = re.compile(r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$")
 DURATION_ACCEPTED = "a duration such as '24 hours', '90 minutes', '30 s' or '500 ms'"
+_UNIT_BYTES = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$")
+SIZE_ACCEPTED = "a size such as '128 MB', '2 GB', '512m' or a number of bytes"
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,24 @@ def parse_span(option: str, text: str) -> Span:
         raise DedupOptionError(option, text, "a positive number or " + DURATION_ACCEPTED) from exc
 
 
+@dataclass(frozen=True)
+class Size:
+    """A number of bytes as the user wrote it (binary units: '1 MB' is 2**20 bytes)."""
+
+    text: str
+    nbytes: int
+
+
+def parse_size(option: str, text: str) -> Size:
+    match = _SIZE.match(text.lower())
+    if match is None:
+        raise DedupOptionError(option, text, SIZE_ACCEPTED)
+    nbytes = int(float(match.group(1)) * _UNIT_BYTES[match.group(2)])
+    if nbytes <= 0:
+        raise DedupOptionError(option, text, "a positive " + SIZE_ACCEPTED)
+    return Size(text, nbytes)
+
+
 def parse_positive_int(option: str, text: str) -> int:
     try:
         value = int(text.strip())
@@ -162,6 +186,9 @@ class DedupOptions:
     bucket_span: Span | None = None
     num_buckets: int = NUM_BUCKETS_DEFAULT
     max_cached_buckets: int = MAX_CACHED_BUCKETS_DEFAULT
+    max_cache_memory: Size = field(
+        default_factory=lambda: parse_size(MAX_CACHE_MEMORY, MAX_CACHE_MEMORY_DEFAULT)
+    )
     max_expiry_jump: Span | None = None
     store_path: str = ""
     output_format: str = OUTPUT_FORMATS[0]
@@ -204,6 +231,10 @@ class DedupOptions:
             MAX_CACHED_BUCKETS: (
                 "max_cached_buckets",
                 lambda v: parse_positive_int(MAX_CACHED_BUCKETS, v),
+            ),
+            MAX_CACHE_MEMORY: (
+                "max_cache_memory",
+                lambda v: parse_size(MAX_CACHE_MEMORY, v),
             ),
             MAX_EXPIRY_JUMP: ("max_expiry_jump", lambda v: parse_span(MAX_EXPIRY_JUMP, v)),
             STORE_PATH: ("store_path", lambda v: v.rstrip("/")),
@@ -255,6 +286,7 @@ class DedupOptions:
         """The options back as Spark strings (for the CLI and for logs)."""
         out = {PATH: self.path, STORE_PATH: self.store_path, NUM_BUCKETS: str(self.num_buckets)}
         out[MAX_CACHED_BUCKETS] = str(self.max_cached_buckets)
+        out[MAX_CACHE_MEMORY] = self.max_cache_memory.text
         out[OUTPUT_FORMAT] = self.output_format
         out[OWNER_TIMEOUT] = self.owner_timeout.text
         if self.keys is not None:

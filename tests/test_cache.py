@@ -241,9 +241,38 @@ def test_lru_evicts_the_least_recently_used_bucket() -> None:
     cache.put(3, entry)  # evicts 2
     assert cache.get(2) is None
     assert cache.get(3) is entry and cache.get(1) is entry
-    assert cache.info() == (3, 1, 1, 2, 2)
+    assert cache.info() == (3, 1, 1, 2, 2, 0)
     cache.clear()
     assert cache.info().size == 0 and cache.nbytes == 0
+
+
+def _bucket_of(keys: int) -> CachedBucket:
+    h = np.arange(keys, dtype=np.uint64)
+    return CachedBucket(keys=KeySet.build(h, h, None))
+
+
+def test_byte_bound_evicts_least_recent_buckets_until_under_it() -> None:
+    cache = BucketCache(capacity=64, max_bytes=3 * 1000 * 16)  # three buckets of 1,000 keys
+    for bucket in range(5):
+        cache.put(bucket, _bucket_of(1000))
+    info = cache.info()
+    assert (info.size, info.evictions, info.nbytes) == (3, 2, 3 * 1000 * 16)
+    assert cache.get(0) is None and cache.get(1) is None and cache.get(2) is not None
+
+
+def test_byte_bound_keeps_a_bucket_larger_than_itself() -> None:
+    cache = BucketCache(capacity=64, max_bytes=1000)
+    cache.put(1, _bucket_of(10))
+    cache.put(2, _bucket_of(5000))  # 80,000 bytes: the older bucket goes, this one stays
+    assert cache.get(1) is None and cache.get(2) is not None
+    assert cache.info().size == 1 and cache.nbytes == 5000 * 16
+
+
+def test_replacing_a_bucket_counts_its_bytes_once() -> None:
+    cache = BucketCache(capacity=4, max_bytes=10**9)
+    cache.put(1, _bucket_of(100))
+    cache.put(1, _bucket_of(300))
+    assert cache.nbytes == 300 * 16 and cache.info().size == 1
 
 
 def test_capacity_one_keeps_only_the_last_bucket() -> None:

@@ -175,6 +175,25 @@ def test_num_buckets_must_be_a_positive_whole_number(text: str) -> None:
     assert_names(error, "numBuckets", text, "positive whole number")
 
 
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [("128 MB", 128 * 2**20), ("512m", 512 * 2**20), ("1.5 GiB", 3 * 2**29), ("65536", 65536)],
+)
+def test_cache_memory_reads_binary_sizes(text: str, nbytes: int) -> None:
+    options = DedupOptions.parse({"path": "/o", "maxCacheMemory": text})
+    assert options.max_cache_memory.nbytes == nbytes
+
+
+def test_cache_memory_defaults_to_128_mb() -> None:
+    assert DedupOptions.parse({"path": "/o"}).max_cache_memory.nbytes == 128 * 2**20
+
+
+@pytest.mark.parametrize("text", ["0", "-1 MB", "lots", "12 parsecs", "0.1 b"])
+def test_cache_memory_must_be_a_positive_size(text: str) -> None:
+    error = option_error({"path": "/o", "maxCacheMemory": text})
+    assert_names(error, "maxCacheMemory", text, "'128 MB'", "number of bytes")
+
+
 @pytest.mark.parametrize("text", ["id,id", "id,", ","])
 def test_malformed_key_lists_are_refused(text: str) -> None:
     assert option_error({"path": "/o", "keys": text}).option == "keys"

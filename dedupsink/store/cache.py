@@ -21,7 +21,7 @@ import numpy as np
 
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import KeySet
-from dedupsink.store.format import Manifest, Segment, decode_segment
+from dedupsink.store.format import DecodedSegment, Manifest, Segment, decode_segment
 from dedupsink.store.store import BucketStore
 
 
@@ -31,6 +31,7 @@ class CacheInfo(NamedTuple):
     evictions: int
     size: int
     capacity: int
+    nbytes: int = 0
 
 
 @dataclass
@@ -46,6 +47,10 @@ class CachedBucket:
 
     def __len__(self) -> int:
         return len(self.keys) + (0 if self.recent is None else len(self.recent))
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + (0 if self.recent is None else self.recent.nbytes)
 
     def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
         found = self.keys.contains(fps, forget_at_or_below)
@@ -73,11 +78,16 @@ _FOLD_RATIO = 8
 
 
 class BucketCache:
-    """A thread-safe LRU of buckets, bounded by a number of buckets."""
+    """A thread-safe LRU of buckets, bounded by a number of buckets and by their bytes.
 
-    def __init__(self, capacity: int) -> None:
+    The bucket stored last is never evicted, so one bucket larger than the byte bound is still
+    served from memory while it stays in use (only it is kept)."""
+
+    def __init__(self, capacity: int, max_bytes: int | None = None) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[int, CachedBucket] = OrderedDict()
+        self._nbytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = 0
 
@@ -93,29 +103,40 @@ class BucketCache:
 
     def put(self, bucket: int, entry: CachedBucket) -> None:
         with self._lock:
+            previous = self._entries.pop(bucket, None)
+            if previous is not None:
+                self._nbytes -= previous.nbytes
             self._entries[bucket] = entry
-            self._entries.move_to_end(bucket)
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+            self._nbytes += entry.nbytes
+            while len(self._entries) > 1 and self._over_bounds():
+                _, evicted = self._entries.popitem(last=False)
+                self._nbytes -= evicted.nbytes
                 self.evictions += 1
+
+    def _over_bounds(self) -> bool:
+        too_many = len(self._entries) > self.capacity
+        return too_many or (self.max_bytes is not None and self._nbytes > self.max_bytes)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._nbytes = 0
 
     def info(self) -> CacheInfo:
         with self._lock:
             return CacheInfo(
-                self.hits, self.misses, self.evictions, len(self._entries), self.capacity
+                self.hits,
+                self.misses,
+                self.evictions,
+                len(self._entries),
+                self.capacity,
+                self._nbytes,
             )
 
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return sum(
-                entry.keys.nbytes + (entry.recent.nbytes if entry.recent is not None else 0)
-                for entry in self._entries.values()
-            )
+            return self._nbytes
 
 
 class BucketManager:
@@ -185,12 +206,24 @@ class BucketManager:
 
     def read_segments(self, segments: list[Segment]) -> KeySet:
         """The keys of these committed segments, read from the store (the cache is not used)."""
-        keys = KeySet.empty(self.stamp_dtype)
-        for segment, raw in zip(segments, self.store.fetch(segments), strict=True):
-            keys = keys.merge(self._decode(raw, segment))
-        return keys
+        parts = [
+            self._resolved(raw, segment)
+            for segment, raw in zip(segments, self.store.fetch(segments), strict=True)
+        ]
+        if not parts:
+            return KeySet.empty(self.stamp_dtype)
+        # One sort of everything: merging part by part would copy the growing set every time.
+        stamps = None if self.stamp_dtype is None else np.concatenate([p.stamps for p in parts])
+        return KeySet.build(
+            np.concatenate([p.h1 for p in parts]), np.concatenate([p.h2 for p in parts]), stamps
+        )
 
     def _decode(self, raw: bytes, segment: Segment) -> KeySet:
+        resolved = self._resolved(raw, segment)
+        return KeySet.build(resolved.h1, resolved.h2, resolved.stamps)
+
+    def _resolved(self, raw: bytes, segment: Segment) -> DecodedSegment:
+        """A segment's keys with their final stamps, in stored order."""
         assert self.manifest is not None
         decoded = decode_segment(raw, segment, self.stamp_dtype, self.store.data_path(segment.file))
         stamps = decoded.stamps
@@ -204,7 +237,7 @@ class BucketManager:
         ):
             # A placeholder stamp means the time of the window that stored the key: the file's.
             stamps = np.where(stamps < 0, window_file.max_stamp, stamps)
-        return KeySet.build(decoded.h1, decoded.h2, stamps)
+        return DecodedSegment(decoded.h1, decoded.h2, stamps)
 
 
 def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest) -> np.ndarray:
@@ -224,13 +257,18 @@ _managers_lock = threading.Lock()
 
 
 def manager_for(
-    store: BucketStore, manifest: Manifest, capacity: int, stamp_dtype: np.dtype | None
+    store: BucketStore,
+    manifest: Manifest,
+    capacity: int,
+    stamp_dtype: np.dtype | None,
+    max_bytes: int | None = None,
 ) -> BucketManager:
     """This process's manager for a store (keyed by the store's unique id, not just its URL)."""
     key = (store.url, manifest.store_id)
     with _managers_lock:
         manager = _managers.get(key)
-        if manager is None or manager.cache.capacity != capacity:
-            manager = BucketManager(store, BucketCache(capacity), stamp_dtype)
+        bounds = (capacity, max_bytes)
+        if manager is None or (manager.cache.capacity, manager.cache.max_bytes) != bounds:
+            manager = BucketManager(store, BucketCache(capacity, max_bytes), stamp_dtype)
             _managers[key] = manager
     return manager.use(manifest)
