@@ -43,6 +43,7 @@ from dedupsink.store.format import (
     PortState,
     Segment,
     WindowFile,
+    concat_segments,
     decode_segment,
     encode_segments,
 )
@@ -500,6 +501,43 @@ def test_compaction_keeps_each_keys_expiry_value(tmp_path: Path) -> None:
     raw = {"keys": "id", "expiryKey": "n", "expiryPeriod": "1000", "bucketSpan": "10"}
     stored, held = stamps_after_compaction(tmp_path, **raw)
     assert held == stored
+
+
+def test_concatenated_segments_decode_to_the_keys_of_all_of_them() -> None:
+    rng = np.random.default_rng(7)
+    parts = []
+    for n in (5, 0, 3):
+        h1 = rng.integers(0, 2**63, n, dtype=np.uint64)
+        h2 = rng.integers(0, 2**63, n, dtype=np.uint64)
+        stamps = rng.integers(0, 1000, n).astype(np.int64)
+        data, segments = encode_segments(np.zeros(n, np.int64), h1, h2, stamps, f"f{n}")
+        parts.append((data, segments.get(0, Segment(f"f{n}", len(WINDOW_MAGIC), 0, 0, 0))))
+    raws = [data[s.offset : s.offset + s.length] for data, s in parts]
+    segments = [s for _, s in parts]
+    chunks, folded, top = concat_segments(
+        raws, segments, np.dtype(np.int64), ["f5", "f0", "f3"], "g", 8
+    )
+    body = b"".join(chunks)
+    decoded = decode_segment(body, folded, np.dtype(np.int64), "g")
+    expected = [
+        decode_segment(r, s, np.dtype(np.int64), "x") for r, s in zip(raws, segments, strict=True)
+    ]
+    assert (folded.file, folded.offset, folded.count) == ("g", 8, 8)
+    assert decoded.h1.tolist() == np.concatenate([e.h1 for e in expected]).tolist()
+    assert decoded.stamps is not None
+    stamps = [e.stamps for e in expected if e.stamps is not None]
+    assert decoded.stamps.tolist() == np.concatenate(stamps).tolist()
+    assert top == max(decoded.stamps.tolist())
+
+
+def test_concatenating_a_damaged_segment_is_refused() -> None:
+    h = np.arange(4, dtype=np.uint64)
+    data, segments = encode_segments(np.zeros(4, np.int64), h, h, None, "f")
+    segment = segments[0]
+    raw = bytearray(data[segment.offset : segment.offset + segment.length])
+    raw[3] ^= 0xFF
+    with pytest.raises(StoreCorruptError, match="checksum"):
+        concat_segments([bytes(raw)], [segment], None, ["f"], "g", 8)
 
 
 def test_compaction_keeps_each_system_time_keys_window_time(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ driver's commit. Nothing it writes is visible until that commit.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,14 @@ from dedupsink.errors import StoreOwnershipError
 from dedupsink.options import DedupOptions
 from dedupsink.sink.ports import Output, PortFile, PortWriters
 from dedupsink.store.cache import BucketManager, CacheInfo, manager_for
-from dedupsink.store.format import Manifest, Segment, WindowFile, encode_segments
+from dedupsink.store.format import (
+    Manifest,
+    Segment,
+    SegmentBytes,
+    WindowFile,
+    concat_segments,
+    encode_segments,
+)
 from dedupsink.store.store import BucketStore, now_ms, window_file_name
 
 
@@ -185,8 +192,8 @@ def run_task(
         summary.unique_keys = plan.output.write_unique_keys(
             identity.token, identity.partition, identity.attempt, Fingerprints(new.h1, new.h2)
         )
-    compacted = _compaction(manager, manifest, classifier, identity)
-    _write_new_keys(store, manifest, classifier, new, identity, summary, compacted)
+    folds = _compaction(manager, manifest, classifier, new, identity)
+    _write_new_keys(store, manifest, classifier, new, identity, summary, folds)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary
@@ -199,18 +206,34 @@ COMPACT_BUCKETS_PER_WINDOW = 8
 COMPACT_KEEP_LARGEST = 4
 
 
+@dataclass
+class Fold:
+    """Segments of one bucket to rewrite as one: as merged keys (hash buckets, expired keys
+    dropped) or as their stored bytes (closed time buckets, which expire whole)."""
+
+    bucket: int
+    segments: list[Segment]
+    keys: KeySet | None = None
+    raw: Sequence[SegmentBytes] | None = None
+
+
 def _compaction(
-    manager: BucketManager, manifest: Manifest, classifier: WindowClassifier, identity: TaskIdentity
-) -> dict[int, tuple[KeySet, list[tuple[str, int]]]]:
+    manager: BucketManager,
+    manifest: Manifest,
+    classifier: WindowClassifier,
+    new: NewKeys,
+    identity: TaskIdentity,
+) -> list[Fold]:
     """Partition 0 (in every window) compacts the most fragmented buckets, a few per window.
 
     Time buckets are folded whole once they stop receiving keys (the hot bucket of the current
-    span is left alone: folding it every window would rewrite it every window). Hash buckets
-    receive keys every window, so only their smallest segments are folded, leaving the largest
-    few: segment sizes grow geometrically and each key is rewritten a logarithmic number of
-    times."""
+    span is left alone: folding it every window would rewrite it every window), by
+    concatenating their segments' bytes: no sort, and memory for the bucket's bytes only. Hash
+    buckets receive keys every window, so only their smallest segments are folded, leaving the
+    largest few: segment sizes grow geometrically and each key is rewritten a logarithmic
+    number of times."""
     if identity.partition != 0:
-        return {}
+        return []
     crowded = sorted(
         (b for b, segments in manifest.buckets.items() if len(segments) > COMPACT_ABOVE_SEGMENTS),
         key=lambda b: -len(manifest.buckets[b]),
@@ -220,14 +243,17 @@ def _compaction(
         hot = {
             b for wf in manifest.files.values() if wf.window == manifest.version for b in wf.buckets
         }
+        hot.update(np.unique(new.buckets).tolist())  # a bucket keeps one segment per file
         crowded = [b for b in crowded if b not in hot]
-    folds: dict[int, tuple[KeySet, list[tuple[str, int]]]] = {}
+    folds = []
     for bucket in crowded[:COMPACT_BUCKETS_PER_WINDOW]:
         segments = sorted(manifest.buckets[bucket], key=lambda s: s.count)
-        if not by_time:
+        if by_time:
+            folds.append(Fold(bucket, segments, raw=manager.store.fetch(segments)))
+        else:
             segments = segments[: len(segments) - COMPACT_KEEP_LARGEST]
-        keys = manager.read_segments(segments).alive(classifier.expiry_point)
-        folds[bucket] = (keys, [s.ident for s in segments])
+            keys = manager.read_segments(segments).alive(classifier.expiry_point)
+            folds.append(Fold(bucket, segments, keys=keys))
     return folds
 
 
@@ -238,34 +264,51 @@ def _write_new_keys(
     new: NewKeys,
     identity: TaskIdentity,
     summary: TaskSummary,
-    compacted: dict[int, tuple[KeySet, list[tuple[str, int]]]],
+    folds: list[Fold],
 ) -> None:
     summary.new_keys = len(new.h1)
     h1, h2, buckets, stamps = new.h1, new.h2, new.buckets, new.stamps
-    for bucket, (keys, replaced) in compacted.items():
-        h1, h2 = np.concatenate([h1, keys.h1]), np.concatenate([h2, keys.h2])
-        buckets = np.concatenate([buckets, np.full(len(keys), bucket, dtype=np.int64)])
-        if stamps is not None and keys.stamps is not None:
-            stamps = np.concatenate([stamps, keys.stamps.astype(stamps.dtype)])
-        summary.supersedes[bucket] = replaced
-    if len(h1) == 0:
+    for fold in folds:
+        summary.supersedes[fold.bucket] = [s.ident for s in fold.segments]
+        if fold.keys is not None:
+            keys = fold.keys
+            h1, h2 = np.concatenate([h1, keys.h1]), np.concatenate([h2, keys.h2])
+            buckets = np.concatenate([buckets, np.full(len(keys), fold.bucket, dtype=np.int64)])
+            if stamps is not None and keys.stamps is not None:
+                stamps = np.concatenate([stamps, keys.stamps.astype(stamps.dtype)])
+    if len(h1) == 0 and not folds:
         return
     window = manifest.version + 1
     name = window_file_name(window, identity.partition)
     data, segments = encode_segments(buckets, h1, h2, stamps, name)
-    store.write_window_file(name, data)
     file_max = None
-    if stamps is not None:
+    if stamps is not None and len(stamps):
         # Provisional (negative) category numbers and window times are resolved by the commit.
         provisional = classifier.settings.mode in ("categorical", "systemTime")
         known = stamps[stamps >= 0] if provisional else stamps
         file_max = known.max().item() if len(known) else None
+    chunks: list[bytes | memoryview] = [data]
+    nbytes, count = len(data), len(h1)
+    for fold in folds:
+        if fold.raw is None:
+            continue
+        paths = [store.data_path(s.file) for s in fold.segments]
+        parts, segment, top = concat_segments(
+            fold.raw, fold.segments, stamp_dtype(classifier.settings), paths, name, nbytes
+        )
+        chunks.extend(parts)
+        segments[fold.bucket] = segment
+        nbytes += segment.length
+        count += segment.count
+        if top is not None:
+            file_max = top if file_max is None else max(file_max, top)
+    store.write_window_file(name, chunks)
     summary.window_file = WindowFile(
         name=name,
         window=window,
         partition=identity.partition,
-        keys=len(h1),
-        nbytes=len(data),
+        keys=count,
+        nbytes=nbytes,
         buckets=sorted(segments),
         max_stamp=file_max,
         local_categories=list(classifier.new_categories),

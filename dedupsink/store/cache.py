@@ -12,6 +12,7 @@ a committed manifest are ever loaded: uncommitted state is never served.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -21,7 +22,13 @@ import numpy as np
 
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import KeySet
-from dedupsink.store.format import DecodedSegment, Manifest, Segment, decode_segment
+from dedupsink.store.format import (
+    DecodedSegment,
+    Manifest,
+    Segment,
+    SegmentBytes,
+    decode_segment,
+)
 from dedupsink.store.store import BucketStore
 
 
@@ -218,11 +225,11 @@ class BucketManager:
             np.concatenate([p.h1 for p in parts]), np.concatenate([p.h2 for p in parts]), stamps
         )
 
-    def _decode(self, raw: bytes, segment: Segment) -> KeySet:
+    def _decode(self, raw: SegmentBytes, segment: Segment) -> KeySet:
         resolved = self._resolved(raw, segment)
         return KeySet.build(resolved.h1, resolved.h2, resolved.stamps)
 
-    def _resolved(self, raw: bytes, segment: Segment) -> DecodedSegment:
+    def _resolved(self, raw: SegmentBytes, segment: Segment) -> DecodedSegment:
         """A segment's keys with their final stamps, in stored order."""
         assert self.manifest is not None
         decoded = decode_segment(raw, segment, self.stamp_dtype, self.store.data_path(segment.file))
@@ -255,6 +262,23 @@ def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest
 _managers: dict[tuple[str, str], BucketManager] = {}
 _managers_lock = threading.Lock()
 
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+_MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def _return_large_frees_to_the_os() -> None:
+    """Have glibc serve allocations of 1 MiB and more (key arrays) with their own mappings.
+
+    By default glibc raises that threshold to the size of each large block freed, up to 32 MiB,
+    so a growing bucket's arrays move onto the heap, whose freed space stays in the process:
+    the executor's memory then grows well past the cache's bound. A fixed threshold returns
+    every large array to the OS when it is freed. Elsewhere than glibc, nothing is changed."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        return
+
 
 def manager_for(
     store: BucketStore,
@@ -268,6 +292,8 @@ def manager_for(
     with _managers_lock:
         manager = _managers.get(key)
         bounds = (capacity, max_bytes)
+        if not _managers:
+            _return_large_frees_to_the_os()
         if manager is None or (manager.cache.capacity, manager.cache.max_bytes) != bounds:
             manager = BucketManager(store, BucketCache(capacity, max_bytes), stamp_dtype)
             _managers[key] = manager

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -27,6 +28,7 @@ MANIFEST_MAGIC = b"DSM1"
 WINDOW_MAGIC = b"DSWIN001"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<4sIQ")
+SegmentBytes = bytes | memoryview  # a segment as read: bytes, or a view into a read buffer
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,8 @@ def encode_segments(
     file_name: str,
 ) -> tuple[bytes, dict[int, Segment]]:
     """Lay out new keys bucket after bucket; returns the file bytes and each bucket's segment."""
+    if len(buckets) == 0:
+        return WINDOW_MAGIC, {}
     order = np.argsort(buckets, kind="stable")
     buckets, h1, h2 = buckets[order], h1[order], h2[order]
     stamps = None if stamps is None else stamps[order]
@@ -171,22 +175,29 @@ def encode_segments(
     return b"".join(chunks), segments
 
 
-def decode_segment(
-    raw: bytes, segment: Segment, stamp_dtype: np.dtype | None, path: str
-) -> DecodedSegment:
-    """Decode one segment, checking its length and checksum against the index."""
+def check_segment(
+    raw: SegmentBytes, segment: Segment, stamp_dtype: np.dtype | None, path: str
+) -> None:
+    """Check a segment's bytes against the index: length, checksum and layout."""
     if len(raw) != segment.length:
         raise StoreCorruptError(
             path, f"segment at {segment.offset} is {len(raw)} bytes, index says {segment.length}"
         )
     if zlib.crc32(raw) != segment.crc:
         raise StoreCorruptError(path, f"segment at {segment.offset} fails its checksum")
-    n = segment.count
     width = 2 + (stamp_dtype is not None)
-    if segment.length != 8 * n * width:
+    if segment.length != 8 * segment.count * width:
         raise StoreCorruptError(
             path, f"segment at {segment.offset} has a length that fits no layout"
         )
+
+
+def decode_segment(
+    raw: SegmentBytes, segment: Segment, stamp_dtype: np.dtype | None, path: str
+) -> DecodedSegment:
+    """Decode one segment, checking its length and checksum against the index."""
+    check_segment(raw, segment, stamp_dtype, path)
+    n = segment.count
     words = np.frombuffer(raw, dtype="<u8")
     stamps = None
     if stamp_dtype is not None:
@@ -195,3 +206,37 @@ def decode_segment(
         )
         stamps = stamps.astype(stamp_dtype)
     return DecodedSegment(words[:n].astype(np.uint64), words[n : 2 * n].astype(np.uint64), stamps)
+
+
+def concat_segments(
+    raws: Sequence[SegmentBytes],
+    segments: list[Segment],
+    stamp_dtype: np.dtype | None,
+    paths: list[str],
+    file_name: str,
+    offset: int,
+) -> tuple[list[memoryview], Segment, float | None]:
+    """Several checked segments as one, without decoding: the ``h1`` lanes back to back, then
+    the ``h2`` lanes, then the stamps. Returns the new segment's byte chunks (views of
+    ``raws``), its index entry at ``offset`` in ``file_name``, and its largest stamp."""
+    for raw, segment, path in zip(raws, segments, paths, strict=True):
+        check_segment(raw, segment, stamp_dtype, path)
+    width = 2 + (stamp_dtype is not None)
+    chunks = [
+        memoryview(raw)[8 * segment.count * lane : 8 * segment.count * (lane + 1)]
+        for lane in range(width)
+        for raw, segment in zip(raws, segments, strict=True)
+    ]
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    count = sum(segment.count for segment in segments)
+    top = None
+    if stamp_dtype is not None and count:
+        little = np.dtype(stamp_dtype).newbyteorder("<")
+        top = max(
+            np.frombuffer(raw, dtype=little, offset=16 * s.count, count=s.count).max().item()
+            for raw, s in zip(raws, segments, strict=True)
+            if s.count
+        )
+    return chunks, Segment(file_name, offset, 8 * count * width, count, crc), top

@@ -111,24 +111,37 @@ class BucketStore:
             return None
         return Manifest.from_bytes(data, path)
 
-    def fetch(self, segments: Sequence[Segment]) -> list[bytes]:
-        """Read segments (range reads), several window files in parallel."""
+    def fetch(self, segments: Sequence[Segment]) -> list[memoryview]:
+        """Read segments (range reads), several window files in parallel.
 
-        def one(segment: Segment) -> bytes:
+        The bytes land in one buffer allocated by the calling thread: bytes allocated by the
+        pool's threads would come from their own malloc arenas, which keep freed memory."""
+        buffer = memoryview(bytearray(sum(s.length for s in segments)))
+        views, offset = [], 0
+        for segment in segments:
+            views.append(buffer[offset : offset + segment.length])
+            offset += segment.length
+
+        def one(segment: Segment, view: memoryview) -> memoryview:
             path = self.data_path(segment.file)
             try:
-                data: bytes = self.fs.cat_file(
-                    path, start=segment.offset, end=segment.offset + segment.length
-                )
+                with self.fs.open(path, "rb") as handle:
+                    handle.seek(segment.offset)
+                    filled = 0
+                    while filled < len(view):
+                        got = handle.readinto(view[filled:])
+                        if not got:
+                            break  # a short file: the segment's length check reports it
+                        filled += got
             except FileNotFoundError as exc:
                 raise StoreCorruptError(
                     path, "window file referenced by the index is missing"
                 ) from exc
-            return data
+            return view[:filled]
 
         if len(segments) <= 1:
-            return [one(s) for s in segments]
-        return list(_pool().map(one, segments))
+            return [one(s, v) for s, v in zip(segments, views, strict=True)]
+        return list(_pool().map(one, segments, views))
 
     # -- creating and checking -------------------------------------------------------------
 
@@ -148,9 +161,12 @@ class BucketStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write_window_file(self, name: str, data: bytes) -> None:
+    def write_window_file(self, name: str, data: bytes | Sequence[bytes | memoryview]) -> None:
+        """Write a window file, whole or as chunks in order (no joined copy of large folds)."""
         self.fs.makedirs(self.path(DATA_DIR), exist_ok=True)
-        self.fs.pipe_file(self.data_path(name), data)
+        with self.fs.open(self.data_path(name), "wb") as handle:
+            for chunk in [data] if isinstance(data, bytes) else data:
+                handle.write(chunk)
 
     def commit(self, manifest: Manifest) -> None:
         """Make ``manifest`` the visible version: written aside, then renamed into place."""
