@@ -84,6 +84,9 @@ from common import (
 )
 
 VARIANTS = ("floor", "spark-dropdup-rocksdb", "spark-within-watermark-rocksdb", "dedupsink")
+# Not part of the default run: Spark's Python data source transport with no deduplication,
+# the ceiling of any Python sink (--variants ...,python-floor).
+REFERENCE_VARIANTS = ("python-floor",)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PORTS = ("unique", "duplicate", "expired", "error")
 RESULT_PREFIX = "RESULT "
@@ -128,7 +131,10 @@ def run_variant(
         frame = frame.withWatermark("event_time", "1 hour").dropDuplicates(["id", "event_time"])
     elif variant == "spark-within-watermark-rocksdb":
         frame = frame.withWatermark("event_time", "1 hour").dropDuplicatesWithinWatermark(["id"])
-    if variant == "dedupsink":
+    if variant == "python-floor":
+        spark.dataSource.register(python_floor_source())
+        writer = frame.writeStream.format("python-floor").option("path", str(output))
+    elif variant == "dedupsink":
         writer = (
             frame.writeStream.format("dedup")
             .option("path", str(output))
@@ -164,6 +170,52 @@ def run_variant(
         record |= spark_output_measures(output, query, checkpoint)
     spark.stop()
     return record
+
+
+def python_floor_source() -> Any:
+    """A Python streaming sink that writes each task's Arrow batches to one Parquet file with
+    dedupsink's Parquet settings and commits nothing: what the Python transport alone costs.
+    Defined in the script, so Spark pickles the classes by value to its workers."""
+    import uuid
+
+    from pyspark import TaskContext
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+
+    class ArrowCopyWriter(DataSourceStreamArrowWriter):
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            from dedupsink.sink.ports import open_parquet_writer
+
+            context = TaskContext.get()
+            name = f"{self.path}/part-{context.partitionId()}-{uuid.uuid4().hex}.parquet"
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            writer = None
+            with open(name, "wb") as handle:
+                for batch in iterator:
+                    writer = writer or open_parquet_writer(handle, batch)
+                    writer.write_batch(batch)
+                if writer is not None:
+                    writer.close()
+            return WriterCommitMessage()
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            return None
+
+    class ArrowCopySource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "python-floor"
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> ArrowCopyWriter:
+            return ArrowCopyWriter(self.options["path"])
+
+    return ArrowCopySource
 
 
 def progress_durations(progress: list[dict[str, Any]]) -> dict[str, int]:
@@ -324,7 +376,7 @@ def launch(variant: str, input_dir: Path, args: argparse.Namespace) -> dict[str,
 def check(record: dict[str, Any], truth: dict[str, Any]) -> str:
     """One line: does the variant's output agree with the generator's truth?"""
     unique_truth = truth["unique_ids"]
-    if record["variant"] == "floor":
+    if record["variant"] in ("floor", "python-floor"):
         ok = record["out_rows"] == truth["rows"]
         return f"{'ok' if ok else 'MISMATCH'}: {record['out_rows']:,} rows out of {truth['rows']:,}"
     base = (
@@ -442,9 +494,10 @@ def orchestrate(args: argparse.Namespace) -> None:
         f"({truth['window_rows']:,} rows) a micro-batch"
     )
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
+    known = VARIANTS + REFERENCE_VARIANTS
+    unknown = set(variants) - set(known)
     if unknown:
-        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(known)}")
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     load = LoadSampler().start()
     for repeat in range(args.repeats):
@@ -477,6 +530,9 @@ def orchestrate(args: argparse.Namespace) -> None:
         )
     if within is not None:
         print(f"ratio_vs_spark_within_watermark={within:.3f}")
+    python_floor = ratio(results, "python-floor")
+    if python_floor is not None:
+        print(f"(dedupsink against python-floor, the Python transport alone: {python_floor:.3f})")
     if floor is not None:
         print(f"ratio_vs_floor={floor:.3f}")
 
@@ -495,7 +551,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile the sink's code path")
     parser.add_argument("--flat", action="store_true", help="with --profile: a flat profile")
     parser.add_argument("--keep", action="store_true", help="keep each run's output directory")
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS + REFERENCE_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()

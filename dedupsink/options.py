@@ -30,7 +30,10 @@ NUM_BUCKETS_DEFAULT = 64
 MAX_CACHED_BUCKETS = "maxCachedBuckets"
 MAX_CACHED_BUCKETS_DEFAULT = 64
 MAX_CACHE_MEMORY = "maxCacheMemory"
-MAX_CACHE_MEMORY_DEFAULT = "128 MB"
+# Per executor Python process, and an executor runs one per task slot, all inside Spark's
+# memory overhead (by default 10% of executor memory, at least 384 MB): a modest default that
+# holds about 2.8 million keys with expiry values; raise it when the hot buckets are larger.
+MAX_CACHE_MEMORY_DEFAULT = "64 MB"
 MAX_EXPIRY_JUMP = "maxExpiryJump"
 STORE_PATH = "storePath"
 STORE_DIRNAME_DEFAULT = "_store"

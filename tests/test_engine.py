@@ -772,6 +772,32 @@ def test_keyset_lookup_respects_the_expiry_point_and_shared_h1(seed: int) -> Non
         assert found == expected, point
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_large_keyset_lookup_through_its_filter_matches_the_model(seed: int) -> None:
+    """Sets past the filter threshold: present, absent and shared-h1 queries all answer right."""
+    rng = np.random.default_rng(seed)
+    n = 100_000
+    h1 = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+    h1[:50] = h1[50:100]  # pairs of keys sharing h1 (64-bit collisions)
+    h2 = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+    stamps = rng.integers(0, 100, n).astype(np.int64)
+    keys = KeySet.build(h1, h2, stamps)
+    absent_h1 = rng.integers(0, 2**64 - 1, 5_000, dtype=np.uint64)
+    q1 = np.concatenate([h1[:3_000], absent_h1, h1[:100]])
+    q2 = np.concatenate(
+        [h2[:3_000], rng.integers(0, 2**64 - 1, 5_000, dtype=np.uint64), h2[:100] + np.uint64(1)]
+    )
+    model = as_model(h1, h2, stamps)
+    for point in (None, 50):
+        found = keys.contains(Fingerprints(q1, q2), point).tolist()
+        expected = [
+            (a, b) in model and (point is None or model[(a, b)] > point)
+            for a, b in zip(q1.tolist(), q2.tolist(), strict=True)
+        ]
+        assert found == expected, point
+    assert keys.nbytes == 3 * 8 * n + (1 << 20) // 8  # keys plus a filter of 2**20 bits
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_keyset_merge_equals_building_the_union(seed: int) -> None:
     a, b = crowded_keys(seed, 25), crowded_keys(seed + 50, 15)

@@ -184,8 +184,8 @@ def test_cache_memory_reads_binary_sizes(text: str, nbytes: int) -> None:
     assert options.max_cache_memory.nbytes == nbytes
 
 
-def test_cache_memory_defaults_to_128_mb() -> None:
-    assert DedupOptions.parse({"path": "/o"}).max_cache_memory.nbytes == 128 * 2**20
+def test_cache_memory_defaults_to_64_mb() -> None:
+    assert DedupOptions.parse({"path": "/o"}).max_cache_memory.nbytes == 64 * 2**20
 
 
 @pytest.mark.parametrize("text", ["0", "-1 MB", "lots", "12 parsecs", "0.1 b"])

@@ -2,11 +2,15 @@
 
 Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the
 largest stamp wins), so membership is a vectorised binary search and merging an insertion.
+A large set also keeps a one-hash Bloom filter (one bit per slot, eight slots per key: one
+byte per key), built on first lookup: most lookups are of keys never seen, and the filter turns
+away about nine in ten of them before the binary search, whose cost grows with the set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -64,7 +68,26 @@ class KeySet:
 
     @property
     def nbytes(self) -> int:
-        return self.h1.nbytes + self.h2.nbytes + (0 if self.stamps is None else self.stamps.nbytes)
+        stamps = 0 if self.stamps is None else self.stamps.nbytes
+        # The filter counts before it is built, so a cache's accounting does not drift.
+        filters = (1 << _filter_slots_log2(len(self))) // 8 if len(self) >= _FILTER_FROM_KEYS else 0
+        return self.h1.nbytes + self.h2.nbytes + stamps + filters
+
+    @cached_property
+    def _filter(self) -> tuple[np.ndarray, np.uint64]:
+        """Bit ``h1 >> shift`` is set for every key here: a clear bit means "not here"."""
+        slots_log2 = _filter_slots_log2(len(self))
+        shift = np.uint64(64 - slots_log2)
+        flags = np.zeros(1 << slots_log2, dtype=np.bool_)
+        flags[self.h1 >> shift] = True
+        return np.packbits(flags), shift
+
+    def _may_contain(self, h1: np.ndarray) -> np.ndarray:
+        bits, shift = self._filter
+        slots = h1 >> shift
+        return (
+            bits[slots >> np.uint64(3)] >> (np.uint8(7) - (slots & np.uint64(7)).astype(np.uint8))
+        ) & 1 == 1
 
     def merge(self, other: KeySet) -> KeySet:
         """Both sets in one: the smaller is inserted into the larger at its sorted positions,
@@ -99,10 +122,22 @@ class KeySet:
         found = np.zeros(len(fps), dtype=bool)
         if len(self) == 0 or len(fps) == 0:
             return found
+        if len(self) >= _FILTER_FROM_KEYS:
+            rows = np.flatnonzero(self._may_contain(fps.h1))
+            found[rows] = self._search(fps.h1[rows], fps.h2[rows], forget_at_or_below)
+            return found
+        return self._search(fps.h1, fps.h2, forget_at_or_below)
+
+    def _search(
+        self, query_h1: np.ndarray, query_h2: np.ndarray, forget_at_or_below: float | None
+    ) -> np.ndarray:
+        found = np.zeros(len(query_h1), dtype=bool)
+        if len(query_h1) == 0:
+            return found
         # numpy's binary search narrows each search by the previous one when the queries are
         # sorted: sorting them first is several times faster than searching in row order.
-        order = np.argsort(fps.h1)
-        query_h1, query_h2 = fps.h1[order], fps.h2[order]
+        order = np.argsort(query_h1)
+        query_h1, query_h2 = query_h1[order], query_h2[order]
         at = np.minimum(np.searchsorted(self.h1, query_h1, side="left"), len(self) - 1)
         same_h1 = self.h1[at] == query_h1
         hit = same_h1 & (self.h2[at] == query_h2)
@@ -118,3 +153,12 @@ class KeySet:
             hit[row] = bool(hits.any())
         found[order] = hit
         return found
+
+
+# Below this many keys a binary search is cheap enough that building a filter does not pay.
+_FILTER_FROM_KEYS = 65_536
+_FILTER_SLOTS_PER_KEY = 8
+
+
+def _filter_slots_log2(keys: int) -> int:
+    return max((keys * _FILTER_SLOTS_PER_KEY - 1).bit_length(), 3)

@@ -13,19 +13,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from dedupsink.engine.settings import resolve
-from dedupsink.errors import DedupError, DedupOptionError
-from dedupsink.options import STORE_PATH, DedupOptions
-from dedupsink.sink.commit import commit_window, finish_publication
-from dedupsink.sink.ports import absolute_url
-from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, lease_is_live, run_task
+from dedupsink.errors import DedupError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary
+
+# The sink's engine, store and Parquet modules are imported by the methods that use them:
+# Spark imports this module in every session that has dedupsink installed (to find the
+# "dedup" format), and in several short-lived Python processes per query, most of which only
+# need the class.
 
 log = logging.getLogger("dedupsink")
 
@@ -42,9 +46,13 @@ class DedupStreamWriter(DataSourceStreamArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DedupCommitMessage:
+        from dedupsink.sink.task import run_task
+
         return DedupCommitMessage(run_task(self.plan, current_task(), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        from dedupsink.sink.commit import commit_window
+
         _log_to_stderr_if_unconfigured()
         summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
         commit_window(self.plan, summaries, batchId)
@@ -67,6 +75,8 @@ def _log_to_stderr_if_unconfigured() -> None:
 
 def current_task() -> TaskIdentity:
     """The window and attempt of the running task, from Spark's task context."""
+    from dedupsink.sink.task import TaskIdentity
+
     context = TaskContext.get()
     if context is None:
         raise DedupError("the dedup sink's write() must run inside a Spark task")
@@ -85,6 +95,15 @@ class DedupDataSource(DataSource):
         return "dedup"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from dedupsink.engine.settings import resolve
+        from dedupsink.errors import DedupOptionError
+        from dedupsink.options import STORE_PATH, DedupOptions
+        from dedupsink.sink.commit import finish_publication
+        from dedupsink.sink.ports import absolute_url
+        from dedupsink.sink.task import SinkPlan, lease_is_live
+
         parsed = DedupOptions.parse(dict(self.options))
         options = replace(
             parsed, path=absolute_url(parsed.path), store_path=absolute_url(parsed.store_path)

@@ -258,23 +258,27 @@ class Output:
         lines = text.split("\n")
         if lines[0] != "v1":
             raise StoreCorruptError(path, "Spark's sink log entry does not start with 'v1'")
-        entry = []
-        for number, line in enumerate(lines[1:], start=2):
-            if not line.strip():
-                continue
+        numbered = [(number, line) for number, line in enumerate(lines[1:], 2) if line.strip()]
+        # One parse of all lines (a compaction holds every file the port ever logged); the
+        # line-by-line parse below runs only to name a damaged line.
+        try:
+            statuses = json.loads("[" + ",".join(line for _, line in numbered) + "]")
+        except ValueError:
+            statuses = None
+        if (
+            isinstance(statuses, list)
+            and len(statuses) == len(numbered)
+            and all(_is_file_status(status) for status in statuses)
+        ):
+            return [(line, status) for (_, line), status in zip(numbered, statuses, strict=True)]
+        for number, line in numbered:
             try:
                 status = json.loads(line)
             except ValueError:
                 status = None
-            if not (
-                isinstance(status, dict)
-                and isinstance(status.get("path"), str)
-                and isinstance(status.get("size"), int)
-                and status.get("action") == "add"
-            ):
+            if not _is_file_status(status):
                 raise StoreCorruptError(path, f"line {number} is not a file status: {line[:200]!r}")
-            entry.append((line, status))
-        return entry
+        raise StoreCorruptError(path, "Spark's sink log entry does not parse line by line")
 
     def _check_logged_files(self, port: str, log_id: int, statuses: list[dict[str, Any]]) -> None:
         for status in statuses:
@@ -411,6 +415,15 @@ class PortWriters:
             finally:
                 handle.close()
         self._open.clear()
+
+
+def _is_file_status(status: Any) -> bool:
+    return (
+        isinstance(status, dict)
+        and isinstance(status.get("path"), str)
+        and isinstance(status.get("size"), int)
+        and status.get("action") == "add"
+    )
 
 
 def port_order(files: Iterable[PortFile]) -> dict[str, list[PortFile]]:
