@@ -150,7 +150,7 @@ def test_spark_worker_killed_mid_write_and_driver_killed_around_the_commit_lose_
             # port file staged, the next being opened (or its new keys being written).
             FaultPoint("worker-staging", "task", batch=0, step=4),
             # A task of window 1 dies after staging every port, writing its new keys.
-            FaultPoint("worker-keys", "task", batch=1, op="pipe_file", path_part="/data/"),
+            FaultPoint("worker-keys", "task", batch=1, op="open(wb)", path_part="/data/"),
             FaultPoint("driver-before", "before-commit", batch=1),
             FaultPoint("driver-inside", "commit", batch=2, op="pipe_file", path_part="expired/_s"),
             FaultPoint("driver-after", "after-commit", batch=3),

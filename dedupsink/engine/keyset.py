@@ -117,12 +117,17 @@ class KeySet:
             return self
         return KeySet(self.h1[keep], self.h2[keep], self.stamps[keep])
 
-    def contains(self, fps: Fingerprints, forget_at_or_below: float | None = None) -> np.ndarray:
-        """For each query fingerprint: is it here with a stamp above the expiry point?"""
+    def contains(
+        self, fps: Fingerprints, forget_at_or_below: float | None = None, filtered: bool = True
+    ) -> np.ndarray:
+        """For each query fingerprint: is it here with a stamp above the expiry point?
+
+        ``filtered=False`` skips the Bloom filter, for a set replaced before it would repay
+        building one (a bucket's small set of recent keys, rebuilt every window)."""
         found = np.zeros(len(fps), dtype=bool)
         if len(self) == 0 or len(fps) == 0:
             return found
-        if len(self) >= _FILTER_FROM_KEYS:
+        if filtered and len(self) >= _FILTER_FROM_KEYS:
             rows = np.flatnonzero(self._may_contain(fps.h1))
             found[rows] = self._search(fps.h1[rows], fps.h2[rows], forget_at_or_below)
             return found

@@ -62,7 +62,7 @@ class CachedBucket:
     def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
         found = self.keys.contains(fps, forget_at_or_below)
         if self.recent is not None and len(self.recent):
-            found |= self.recent.contains(fps, forget_at_or_below)
+            found |= self.recent.contains(fps, forget_at_or_below, filtered=False)
         return found
 
     def added(
