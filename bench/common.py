@@ -476,7 +476,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def code_revision() -> str:
-    """The last commit that changed ``dedupsink/``, and whether the working tree differs from it."""
+    """The checked-out commit, and whether the working tree differs from it."""
     repo = BENCH_DIR.parent
     try:
         head = _git(repo, "log", "-1", "--format=%h")
