@@ -476,7 +476,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def code_revision() -> str:
-    """The checked-out commit, and whether the working tree differs from it."""
+    """The last commit that changed the sink's code, and whether its working tree differs."""
     repo = BENCH_DIR.parent
     try:
         head = _git(repo, "log", "-1", "--format=%h")

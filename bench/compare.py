@@ -195,13 +195,18 @@ def python_floor_source() -> Any:
             context = TaskContext.get()
             name = f"{self.path}/part-{context.partitionId()}-{uuid.uuid4().hex}.parquet"
             Path(self.path).mkdir(parents=True, exist_ok=True)
-            writer = None
-            with open(name, "wb") as handle:
+            handle, writer = None, None
+            try:
                 for batch in iterator:
-                    writer = writer or open_parquet_writer(handle, batch)
+                    if writer is None:  # no file at all for a partition without rows
+                        handle = open(name, "wb")  # noqa: SIM115 (closed in finally)
+                        writer = open_parquet_writer(handle, batch)
                     writer.write_batch(batch)
+            finally:
                 if writer is not None:
                     writer.close()
+                if handle is not None:
+                    handle.close()
             return WriterCommitMessage()
 
         def commit(self, messages: Any, batchId: int) -> None:

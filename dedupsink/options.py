@@ -86,7 +86,7 @@ _UNIT_MICROS = {
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 _NUMBER = re.compile(r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$")
 DURATION_ACCEPTED = "a duration such as '24 hours', '90 minutes', '30 s' or '500 ms'"
-_UNIT_BYTES = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_UNIT_BYTES = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$")
 SIZE_ACCEPTED = "a size such as '128 MB', '2 GB', '512m' or a number of bytes"
 

@@ -694,6 +694,17 @@ def test_column_order_and_boundaries_matter() -> None:
     assert fps_of(a, b) != fps_of(b, a)
 
 
+def test_null_slot_holding_bytes_beside_empty_strings() -> None:
+    """A null slot may span bytes in the data buffer (e.g. a flattened struct child); with every
+    other value empty, the rows are no longer back to back and must not be reshaped as such."""
+    offsets = pa.py_buffer(np.array([0, 0, 3, 3], dtype=np.int32).tobytes())
+    validity = pa.py_buffer(np.packbits([1, 0, 1, 0, 0, 0, 0, 0], bitorder="little").tobytes())
+    values = pa.Array.from_buffers(pa.string(), 3, [validity, offsets, pa.py_buffer(b"abc")])
+    fps = fingerprint([values])
+    empty = fingerprint([pa.array([""])])
+    assert fps.h1[0] == fps.h1[2] == empty.h1[0] and fps.h2[0] == fps.h2[2] == empty.h2[0]
+
+
 def test_empty_input_gives_empty_fingerprints() -> None:
     assert len(fingerprint([pa.array([], pa.string())])) == 0
     assert first_occurrences(fingerprint([pa.array([], pa.int64())])).tolist() == []

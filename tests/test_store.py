@@ -530,6 +530,24 @@ def test_concatenated_segments_decode_to_the_keys_of_all_of_them() -> None:
     assert top == max(decoded.stamps.tolist())
 
 
+def test_concatenation_leaves_out_segments_whose_keys_all_expired() -> None:
+    parts = []
+    for name, stamps in (("old", [10, 40]), ("mixed", [45, 70]), ("new", [80, 90])):
+        h = np.arange(len(stamps), dtype=np.uint64) + np.uint64(len(parts) * 10)
+        data, segments = encode_segments(
+            np.zeros(len(stamps), np.int64), h, h, np.array(stamps, np.int64), name
+        )
+        parts.append((data[segments[0].offset :], segments[0]))
+    raws, segments = [r for r, _ in parts], [s for _, s in parts]
+    paths = ["old", "mixed", "new"]
+    chunks, folded, top = concat_segments(raws, segments, np.dtype(np.int64), paths, "g", 8, 50)
+    assert folded is not None and folded.count == 4 and top == 90
+    decoded = decode_segment(b"".join(chunks), folded, np.dtype(np.int64), "g")
+    assert decoded.stamps is not None and sorted(decoded.stamps.tolist()) == [45, 70, 80, 90]
+    nothing = concat_segments(raws[:1], segments[:1], np.dtype(np.int64), paths[:1], "g", 8, 50)
+    assert nothing == ([], None, None)
+
+
 def test_concatenating_a_damaged_segment_is_refused() -> None:
     h = np.arange(4, dtype=np.uint64)
     data, segments = encode_segments(np.zeros(4, np.int64), h, h, None, "f")

@@ -174,7 +174,7 @@ class WindowClassifier:
         first_fps = fps.take(first)
         buckets = self._buckets(first_fps, None if stamps is None else stamps[first])
         seen = self.index.remembered(buckets, first_fps, self.expiry_point)
-        seen |= self._pending.contains(first_fps)
+        seen |= self._pending.contains(first_fps, filtered=False)  # replaced every batch
         fresh = first[~seen]
         ports[candidates[fresh]] = UNIQUE
         new_stamps = None if stamps is None else stamps[fresh]

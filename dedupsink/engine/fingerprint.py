@@ -184,8 +184,10 @@ def _feed_variable(state: _State, leaf: pa.Array) -> None:
     if data is None or len(data) == 0:
         state.feed(lengths.astype(_U64))
         return
-    if len(lengths) and (lengths == lengths[0]).all() and lengths[0] <= _LONG_KEY_BYTES:
-        # Equal lengths (ids, UUIDs): the values lie back to back, so reshape, no gather.
+    back_to_back = len(lengths) and offsets[-1] - offsets[0] == len(lengths) * lengths[0]
+    if back_to_back and (lengths == lengths[0]).all() and lengths[0] <= _LONG_KEY_BYTES:
+        # Equal lengths (ids, UUIDs): the values lie back to back, so reshape, no gather. (A null
+        # slot may still span bytes in the data buffer; then the general path below runs.)
         _feed_equal_length(state, data[offsets[0] : offsets[-1]], len(lengths), int(lengths[0]))
         return
     long_rows = lengths > _LONG_KEY_BYTES

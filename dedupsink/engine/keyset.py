@@ -2,9 +2,10 @@
 
 Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the
 largest stamp wins), so membership is a vectorised binary search and merging an insertion.
-A large set also keeps a one-hash Bloom filter (one bit per slot, eight slots per key: one
-byte per key), built on first lookup: most lookups are of keys never seen, and the filter turns
-away about nine in ten of them before the binary search, whose cost grows with the set.
+A large set also keeps a one-hash Bloom filter (one bit per slot, at least eight slots per
+key, rounded up to a power of two: one to two bytes per key), built on first lookup: most
+lookups are of keys never seen, and the filter turns away about nine in ten of them before
+the binary search, whose cost grows with the set.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dedupsink.engine.classify import PORTS
+from dedupsink.engine.fingerprint import Fingerprints, first_occurrences
 from dedupsink.errors import StoreConflictError, StoreError
 from dedupsink.sink.ports import Output, PortFile, port_schema
 from dedupsink.sink.task import SinkPlan, TaskSummary, check_owner
@@ -122,18 +122,23 @@ def finish_publication(store: BucketStore, output: Output, manifest: Manifest) -
 def settle_cross_partition_keys(output: Output, done: list[TaskSummary]) -> int:
     """Demote to duplicate the rows of keys a lower partition also found new; returns how many.
 
-    Each task staged its new keys in the order of its unique rows, so a hash lookup of one
-    partition's keys among the lower partitions' names the losing rows directly."""
+    Each task staged its new keys (distinct within the task) in the order of its unique rows.
+    Laid end to end in partition order, any occurrence of a key after its first belongs to a
+    higher partition than the first one's, and names that partition's losing row directly."""
     holders = [s for s in done if s.unique_keys is not None]
     if len(holders) < 2:
         return 0
-    keys = [output.read_unique_keys(str(s.unique_keys), s.counts["unique"]) for s in holders]
-    demoted = 0
-    for index in range(1, len(holders)):
-        lower = pa.concat_arrays(keys[:index])
-        lost = pc.is_in(keys[index], value_set=lower).to_numpy(zero_copy_only=False)
+    keys = [output.read_unique_keys(s.unique_keys or "", s.counts["unique"]) for s in holders]
+    everything = Fingerprints(
+        np.concatenate([k.h1 for k in keys]), np.concatenate([k.h2 for k in keys])
+    )
+    repeated = ~first_occurrences(everything)
+    demoted, start = 0, 0
+    for summary, own in zip(holders, keys, strict=True):
+        lost = repeated[start : start + len(own)]
+        start += len(own)
         if lost.any():
-            _demote_rows(output, holders[index], lost)
+            _demote_rows(output, summary, lost)
             demoted += int(lost.sum())
     return demoted
 

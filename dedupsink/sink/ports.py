@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -123,13 +124,14 @@ class Output:
             handle.write(fps.as_arrow().buffers()[1])
         return relative
 
-    def read_unique_keys(self, relative: str, count: int) -> pa.FixedSizeBinaryArray:
+    def read_unique_keys(self, relative: str, count: int) -> Fingerprints:
         data = self.fs.cat_file(self.path(relative))
         if len(data) != 16 * count:
             raise StoreCorruptError(
                 self.path(relative), f"holds {len(data)} bytes for {count} keys of 16 bytes"
             )
-        return pa.Array.from_buffers(pa.binary(16), count, [None, pa.py_buffer(data)])
+        pairs = np.frombuffer(data, dtype="<u8").reshape(count, 2).astype(np.uint64)
+        return Fingerprints(pairs[:, 0].copy(), pairs[:, 1].copy())
 
     def write_table(self, relative: str, table: pa.Table | pa.RecordBatch) -> None:
         full = self.path(relative)

@@ -293,15 +293,20 @@ def _write_new_keys(
         if fold.raw is None:
             continue
         paths = [store.data_path(s.file) for s in fold.segments]
+        dtype = stamp_dtype(classifier.settings)
         parts, segment, top = concat_segments(
-            fold.raw, fold.segments, stamp_dtype(classifier.settings), paths, name, nbytes
+            fold.raw, fold.segments, dtype, paths, name, nbytes, classifier.expiry_point
         )
+        if segment is None:
+            continue  # every folded key is expired: the folded segments just leave the index
         chunks.extend(parts)
         segments[fold.bucket] = segment
         nbytes += segment.length
         count += segment.count
         if top is not None:
             file_max = top if file_max is None else max(file_max, top)
+    if not segments:
+        return  # folds that left nothing: no file, the commit only drops what they replaced
     store.write_window_file(name, chunks)
     summary.window_file = WindowFile(
         name=name,

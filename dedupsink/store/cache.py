@@ -173,7 +173,8 @@ class BucketManager:
         distinct, starts = np.unique(buckets[order], return_index=True)
         ends = [*starts[1:].tolist(), len(order)]
         wanted = distinct.tolist()
-        # Fetch at most a cache-full of buckets at a time so capacity bounds memory.
+        # Fetch at most maxCachedBuckets buckets at a time: the count bound holds within one
+        # lookup too (the byte bound is enforced as buckets are stored).
         for first in range(0, len(wanted), self.cache.capacity):
             chunk = wanted[first : first + self.cache.capacity]
             loaded = self.load(chunk, forget_at_or_below)

@@ -215,28 +215,40 @@ def concat_segments(
     paths: list[str],
     file_name: str,
     offset: int,
-) -> tuple[list[memoryview], Segment, float | None]:
+    forget_at_or_below: float | None = None,
+) -> tuple[list[memoryview], Segment | None, float | None]:
     """Several checked segments as one, without decoding: the ``h1`` lanes back to back, then
-    the ``h2`` lanes, then the stamps. Returns the new segment's byte chunks (views of
-    ``raws``), its index entry at ``offset`` in ``file_name``, and its largest stamp."""
+    the ``h2`` lanes, then the stamps. Segments whose every stamp is at or below
+    ``forget_at_or_below`` are left out (their keys are forgotten). Returns the new segment's
+    byte chunks (views of ``raws``), its index entry at ``offset`` in ``file_name`` (None if
+    nothing is left), and its largest stamp."""
     for raw, segment, path in zip(raws, segments, paths, strict=True):
         check_segment(raw, segment, stamp_dtype, path)
+    kept: list[tuple[SegmentBytes, Segment]] = []
+    top = None
+    for raw, segment in zip(raws, segments, strict=True):
+        if segment.count == 0:
+            continue
+        if stamp_dtype is not None:
+            little = np.dtype(stamp_dtype).newbyteorder("<")
+            stamps = np.frombuffer(
+                raw, dtype=little, offset=16 * segment.count, count=segment.count
+            )
+            highest = stamps.max().item()
+            if forget_at_or_below is not None and highest <= forget_at_or_below:
+                continue
+            top = highest if top is None else max(top, highest)
+        kept.append((raw, segment))
+    if not kept:
+        return [], None, None
     width = 2 + (stamp_dtype is not None)
     chunks = [
         memoryview(raw)[8 * segment.count * lane : 8 * segment.count * (lane + 1)]
         for lane in range(width)
-        for raw, segment in zip(raws, segments, strict=True)
+        for raw, segment in kept
     ]
     crc = 0
     for chunk in chunks:
         crc = zlib.crc32(chunk, crc)
-    count = sum(segment.count for segment in segments)
-    top = None
-    if stamp_dtype is not None and count:
-        little = np.dtype(stamp_dtype).newbyteorder("<")
-        top = max(
-            np.frombuffer(raw, dtype=little, offset=16 * s.count, count=s.count).max().item()
-            for raw, s in zip(raws, segments, strict=True)
-            if s.count
-        )
+    count = sum(segment.count for _, segment in kept)
     return chunks, Segment(file_name, offset, 8 * count * width, count, crc), top

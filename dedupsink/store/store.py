@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreError, StoreSettingsError
@@ -125,23 +126,34 @@ class BucketStore:
         def one(segment: Segment, view: memoryview) -> memoryview:
             path = self.data_path(segment.file)
             try:
-                with self.fs.open(path, "rb") as handle:
-                    handle.seek(segment.offset)
-                    filled = 0
-                    while filled < len(view):
-                        got = handle.readinto(view[filled:])
-                        if not got:
-                            break  # a short file: the segment's length check reports it
-                        filled += got
+                filled = self._read_range(path, segment.offset, view)
             except FileNotFoundError as exc:
                 raise StoreCorruptError(
                     path, "window file referenced by the index is missing"
                 ) from exc
-            return view[:filled]
+            return view[:filled]  # a short read: the segment's length check reports it
 
         if len(segments) <= 1:
             return [one(s, v) for s, v in zip(segments, views, strict=True)]
         return list(_pool().map(one, segments, views))
+
+    def _read_range(self, path: str, offset: int, view: memoryview) -> int:
+        """Fill ``view`` from ``path`` at ``offset``; returns the bytes read (fewer at the end
+        of a short file). A local file is read straight into the view; other filesystems take
+        one ranged request (their buffered files read ahead by megabytes)."""
+        if not isinstance(self.fs, LocalFileSystem):
+            data = self.fs.cat_file(path, start=offset, end=offset + len(view))
+            view[: len(data)] = data
+            return len(data)
+        filled = 0
+        with self.fs.open(path, "rb") as handle:
+            handle.seek(offset)
+            while filled < len(view):
+                got = handle.readinto(view[filled:])
+                if not got:
+                    break
+                filled += got
+        return filled
 
     # -- creating and checking -------------------------------------------------------------
 
@@ -165,7 +177,7 @@ class BucketStore:
         """Write a window file, whole or as chunks in order (no joined copy of large folds)."""
         self.fs.makedirs(self.path(DATA_DIR), exist_ok=True)
         with self.fs.open(self.data_path(name), "wb") as handle:
-            for chunk in [data] if isinstance(data, bytes) else data:
+            for chunk in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
                 handle.write(chunk)
 
     def commit(self, manifest: Manifest) -> None:
