@@ -81,7 +81,7 @@ def dictionary_columns(data: pa.Table | pa.RecordBatch) -> list[str]:
             continue
         try:
             distinct = pc.count_distinct(sample.column(index), mode="all").as_py()
-        except pa.ArrowNotImplementedError:
+        except pa.ArrowException:
             continue  # a type Arrow cannot count (e.g. an extension type): plain encoding
         if distinct <= _DICTIONARY_MAX_DISTINCT * sample.num_rows:
             chosen.append(field.name)
