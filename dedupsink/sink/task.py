@@ -208,8 +208,8 @@ COMPACT_KEEP_LARGEST = 4
 
 @dataclass
 class Fold:
-    """Segments of one bucket to rewrite as one: as merged keys (hash buckets, expired keys
-    dropped) or as their stored bytes (closed time buckets, which expire whole)."""
+    """Segments of one bucket to rewrite as one: as merged keys (hash buckets) or as their
+    stored bytes (closed time buckets: nothing decoded). Either way expired keys are dropped."""
 
     bucket: int
     segments: list[Segment]
@@ -276,8 +276,6 @@ def _write_new_keys(
             buckets = np.concatenate([buckets, np.full(len(keys), fold.bucket, dtype=np.int64)])
             if stamps is not None and keys.stamps is not None:
                 stamps = np.concatenate([stamps, keys.stamps.astype(stamps.dtype)])
-    if len(h1) == 0 and not folds:
-        return
     window = manifest.version + 1
     name = window_file_name(window, identity.partition)
     data, segments = encode_segments(buckets, h1, h2, stamps, name)
@@ -289,11 +287,11 @@ def _write_new_keys(
         file_max = known.max().item() if len(known) else None
     chunks: list[bytes | memoryview] = [data]
     nbytes, count = len(data), len(h1)
+    dtype = stamp_dtype(classifier.settings)
     for fold in folds:
         if fold.raw is None:
             continue
         paths = [store.data_path(s.file) for s in fold.segments]
-        dtype = stamp_dtype(classifier.settings)
         parts, segment, top = concat_segments(
             fold.raw, fold.segments, dtype, paths, name, nbytes, classifier.expiry_point
         )
@@ -306,7 +304,7 @@ def _write_new_keys(
         if top is not None:
             file_max = top if file_max is None else max(file_max, top)
     if not segments:
-        return  # folds that left nothing: no file, the commit only drops what they replaced
+        return  # no new keys, or folds that left nothing: the commit only drops what they replaced
     store.write_window_file(name, chunks)
     summary.window_file = WindowFile(
         name=name,

@@ -85,15 +85,18 @@ class BucketStore:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def versions(self) -> list[int]:
-        """Committed versions still on disk, oldest first."""
+    def _log_names(self) -> list[str]:
+        """The file names (without folders) in the store's log folder; none before it exists."""
         try:
             names = self.fs.ls(self.path(LOG_DIR), detail=False)
         except FileNotFoundError:
             return []
+        return [name.rstrip("/").rsplit("/", 1)[-1] for name in names]
+
+    def versions(self) -> list[int]:
+        """Committed versions still on disk, oldest first."""
         found = []
-        for name in names:
-            base = name.rstrip("/").rsplit("/", 1)[-1]
+        for base in self._log_names():
             if base.endswith(MANIFEST_SUFFIX) and base[: -len(MANIFEST_SUFFIX)].isdigit():
                 found.append(int(base[: -len(MANIFEST_SUFFIX)]))
         return sorted(found)
@@ -238,13 +241,8 @@ class BucketStore:
     def _dead_staged_manifests(self, version: int) -> list[str]:
         """Manifests staged for versions up to ``version`` and never renamed: a writer crashed
         between writing and renaming, or lost the version to another writer."""
-        try:
-            names = self.fs.ls(self.path(LOG_DIR), detail=False)
-        except FileNotFoundError:
-            return []
         dead = []
-        for name in names:
-            base = name.rstrip("/").rsplit("/", 1)[-1]
+        for base in self._log_names():
             number = base[1:13]
             staged = base.startswith(".") and base.endswith(".tmp") and number.isdigit()
             if staged and int(number) <= version:
