@@ -34,6 +34,7 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import DedupOptions
+from dedupsink.sink import task as task_module
 from dedupsink.sink.commit import CommitReport, commit_window
 from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, run_task
 from dedupsink.store.cache import BucketCache, BucketManager
@@ -598,6 +599,84 @@ def port_rows(root: Path) -> dict[str, list[int]]:
     return out
 
 
+# -- keys found new by two partitions of one window ---------------------------------------------
+
+
+def attempt(plan: SinkPlan, partition: int, number: int, batch: pa.RecordBatch) -> TaskSummary:
+    return run_task(plan, TaskIdentity(QUERY, 0, partition, number), iter([batch]))
+
+
+def staged_files(summary: TaskSummary) -> list[tuple[str, str, int]]:
+    return sorted((f.port, f.path, f.rows) for f in summary.files)
+
+
+def test_the_later_task_yields_the_keys_an_earlier_one_staged(tmp_path: Path) -> None:
+    plan = make_plan(str(tmp_path / "out"))
+    first = attempt(plan, 0, 0, rows([1, 2, 3, 4], [1, 1, 1, 1]))
+    later = attempt(plan, 1, 0, rows([9, 3, 8, 1, 3], [1, 1, 1, 1, 1]))
+    assert (first.yielded, later.yielded) == (0, 2)  # keys 1 and 3; the second 3 is a duplicate
+    assert later.counts == {"unique": 2, "duplicate": 3, "expired": 0, "error": 0}
+    before = staged_files(later)
+    report = commit_window(plan, [first, later], 0)
+    assert report is not None
+    assert staged_files(later) == before  # nothing left for the commit to rewrite
+    assert report.cross_partition_duplicates == 2
+    assert report.counts == {"unique": 6, "duplicate": 3, "expired": 0, "error": 0}
+    assert port_rows(tmp_path / "out") == {
+        "unique": [1, 2, 3, 4, 8, 9],
+        "duplicate": [1, 3, 3],
+        "expired": [],
+        "error": [],
+    }
+
+
+def test_keys_both_tasks_yielded_get_one_unique_row_back(tmp_path: Path) -> None:
+    """A retried task sees the keys of a task that yielded to its failed first attempt."""
+    plan = make_plan(str(tmp_path / "out"))
+    attempt(plan, 0, 0, rows([1, 2, 3], [1, 1, 1]))  # fails after staging its keys
+    other = attempt(plan, 1, 0, rows([3, 1, 7], [1, 1, 1]))
+    retry = attempt(plan, 0, 1, rows([1, 2, 3], [1, 1, 1]))
+    assert (retry.yielded, other.yielded) == (2, 2)
+    report = commit_window(plan, [retry, other], 0)
+    assert report is not None
+    assert report.cross_partition_duplicates == 2
+    ports = port_rows(tmp_path / "out")
+    assert ports["unique"] == [1, 2, 3, 7]
+    assert ports["duplicate"] == [1, 3]
+
+
+def test_a_key_yielded_to_a_failed_attempt_that_the_retry_lacks_is_promoted_back(
+    tmp_path: Path,
+) -> None:
+    """A retry need not see the same rows (a non-deterministic upstream)."""
+    plan = make_plan(str(tmp_path / "out"))
+    attempt(plan, 0, 0, rows([1, 5], [1, 1]))
+    other = attempt(plan, 1, 0, rows([5, 6], [1, 1]))
+    retry = attempt(plan, 0, 1, rows([1, 2], [1, 1]))
+    assert (retry.yielded, other.yielded) == (0, 1)
+    report = commit_window(plan, [retry, other], 0)
+    assert report is not None
+    assert report.cross_partition_duplicates == 0
+    assert report.counts == {"unique": 4, "duplicate": 0, "expired": 0, "error": 0}
+    assert port_rows(tmp_path / "out")["unique"] == [1, 2, 5, 6]
+
+
+def test_a_task_settles_only_its_last_chunk_and_the_commit_the_rest(tmp_path: Path) -> None:
+    plan = make_plan(str(tmp_path / "out"))
+    first = attempt(plan, 0, 0, rows(list(range(10)), [1] * 10))
+    chunks = [rows([0, 1, 20], [1, 1, 1]), rows([2, 21], [1, 1])]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(task_module, "COALESCE_ROWS", 3)  # two chunks: only the last one is held
+        later = run_task(plan, TaskIdentity(QUERY, 0, 1, 0), iter(chunks))
+    assert later.yielded == 1  # key 2; keys 0 and 1 were written before the task could settle
+    report = commit_window(plan, [first, later], 0)
+    assert report is not None
+    assert report.cross_partition_duplicates == 3
+    ports = port_rows(tmp_path / "out")
+    assert ports["unique"] == [*range(10), 20, 21]
+    assert ports["duplicate"] == [0, 1, 2]
+
+
 def tree(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
@@ -607,7 +686,8 @@ def tree(root: Path) -> dict[str, bytes]:
 CRASH_WINDOW = (
     # Partition 0: new keys, a re-sent key of window 3, an expired row and an error row.
     [rows([6, 7, 5, 1, None], [23, 24, 22, 0, 23])],
-    # Partition 1: key 7 again (new in partition 0 too: settled at commit) and a new key.
+    # Partition 1: key 7 again (new in partition 0 too: settled at commit, as the scene stages
+    # its tasks as if they had not seen each other's keys) and a new key.
     [rows([7, 8], [24, 25])],
 )
 
@@ -623,7 +703,9 @@ class CrashScene:
         run_window(plan, 0, [rows([1, 2], [0, 1])])
         run_window(plan, 1, [rows([3, 4], [20, 21])])  # drops window 1's file
         run_window(plan, 2, [rows([5], [22])])
-        self.summaries = run_tasks(plan, 3, CRASH_WINDOW)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(task_module, "SETTLE_WITH_AT_MOST", 0)
+            self.summaries = run_tasks(plan, 3, CRASH_WINDOW)
         store = plan.store
         committed = store.read()
         assert committed is not None and committed.version == 3

@@ -57,6 +57,15 @@ class Fingerprints:
     def take(self, rows: np.ndarray) -> Fingerprints:
         return Fingerprints(self.h1[rows], self.h2[rows])
 
+    def __getitem__(self, rows: slice) -> Fingerprints:
+        return Fingerprints(self.h1[rows], self.h2[rows])
+
+    @staticmethod
+    def concat(parts: Sequence[Fingerprints]) -> Fingerprints:
+        return Fingerprints(
+            np.concatenate([p.h1 for p in parts]), np.concatenate([p.h2 for p in parts])
+        )
+
     def as_arrow(self) -> pa.FixedSizeBinaryArray:
         """The fingerprints as 16-byte binaries, to use Arrow's C++ hash kernels on them."""
         packed = np.empty((len(self.h1), 2), dtype=_U64)

@@ -120,53 +120,88 @@ def finish_publication(store: BucketStore, output: Output, manifest: Manifest) -
 
 
 def settle_cross_partition_keys(output: Output, done: list[TaskSummary]) -> int:
-    """Demote to duplicate the rows of keys a lower partition also found new; returns how many.
+    """Leave each key new in this window with exactly one unique row; returns how many rows are
+    duplicates because another partition had the key too.
 
-    Each task staged its new keys (distinct within the task) in the order of its unique rows.
-    Laid end to end in partition order, any occurrence of a key after its first belongs to a
-    higher partition than the first one's, and names that partition's losing row directly."""
+    Each task staged its new keys: those of its unique rows in row order, then those of the rows
+    it yielded to another partition (the last rows of its duplicate file). Laid end to end,
+    every task's unique part in partition order and then every yielded part, a unique row whose
+    key occurs earlier is demoted to duplicate, and a yielded row whose key does not occur
+    earlier has no unique row in the window (both tasks yielded, or the attempt yielded to
+    failed) and is promoted back."""
     holders = [s for s in done if s.unique_keys is not None]
-    if len(holders) < 2:
+    yielded = sum(s.yielded for s in holders)
+    if len(holders) < 2 and not yielded:
         return 0
-    keys = [output.read_unique_keys(s.unique_keys or "", s.counts["unique"]) for s in holders]
-    everything = Fingerprints(
-        np.concatenate([k.h1 for k in keys]), np.concatenate([k.h2 for k in keys])
-    )
-    repeated = ~first_occurrences(everything)
-    demoted, start = 0, 0
-    for summary, own in zip(holders, keys, strict=True):
-        lost = repeated[start : start + len(own)]
-        start += len(own)
-        if lost.any():
-            _demote_rows(output, summary, lost)
-            demoted += int(lost.sum())
-    return demoted
+    kept, given = [], []
+    for summary in holders:
+        unique = summary.counts["unique"]
+        keys = output.read_unique_keys(summary.unique_keys or "", unique + summary.yielded)
+        kept.append(keys[:unique])
+        given.append(keys[unique:])
+    first = first_occurrences(Fingerprints.concat(kept + given))
+    marks = np.split(first, np.cumsum([len(part) for part in kept + given])[:-1])
+    lost = [~mark for mark in marks[: len(kept)]]
+    back = marks[len(kept) :]
+    demoted = promoted = 0
+    for summary, rows in zip(holders, lost, strict=True):
+        if rows.any():
+            _demote_rows(output, summary, rows)
+            demoted += int(rows.sum())
+    for summary, rows in zip(holders, back, strict=True):  # after demotions: see _promote_rows
+        if rows.any():
+            _promote_rows(output, summary, rows)
+            promoted += int(rows.sum())
+    return yielded - promoted + demoted
 
 
 def _demote_rows(output: Output, summary: TaskSummary, lost: np.ndarray) -> None:
     """Rewrite this task's unique file without the lost rows, which go to duplicate."""
     (record,) = [r for r in summary.files if r.port == "unique"]
-    table = output.read_table(record.path)
-    if table.num_rows != len(lost):
-        raise StoreError(
-            f"staged unique file {output.path(record.path)} holds {table.num_rows} rows, but its "
-            f"task staged {len(lost)} keys"
-        )
-    kept = [r for r in summary.files if r is not record]
-    identity = summary.identity
-    for port, mask in (("unique", ~lost), ("duplicate", lost)):
-        if mask.any():
-            relative = output.new_staging_file(
-                identity.token, port, identity.partition, identity.attempt
-            )
-            output.write_table(relative, table.filter(pa.array(mask)))
-            kept.append(PortFile(port, relative, int(mask.sum())))
+    _move_rows(output, summary, record, lost, "duplicate")
     moved = int(lost.sum())
-    summary.files = kept
     summary.counts["unique"] -= moved
     summary.counts["duplicate"] += moved
     if summary.window_file is not None:
         summary.window_file.keys -= moved
+
+
+def _promote_rows(output: Output, summary: TaskSummary, back: np.ndarray) -> None:
+    """Move rows this task yielded (its duplicate file's last rows) back to unique.
+
+    A demotion may have added a second duplicate file; it went to the end of the task's
+    files, so the first one is still the file the task wrote."""
+    record = next(r for r in summary.files if r.port == "duplicate")
+    rows = np.concatenate([np.zeros(record.rows - len(back), dtype=bool), back])
+    _move_rows(output, summary, record, rows, "unique")
+    moved = int(back.sum())
+    summary.counts["unique"] += moved
+    summary.counts["duplicate"] -= moved
+    if summary.window_file is not None:
+        summary.window_file.keys += moved
+
+
+def _move_rows(
+    output: Output, summary: TaskSummary, record: PortFile, rows: np.ndarray, port: str
+) -> None:
+    """Rewrite a staged file without the marked rows, which go to a new staged file of
+    ``port``."""
+    table = output.read_table(record.path)
+    if table.num_rows != len(rows):
+        raise StoreError(
+            f"staged {record.port} file {output.path(record.path)} holds {table.num_rows} rows, "
+            f"but its task staged {len(rows)} keys for it"
+        )
+    kept = [r for r in summary.files if r is not record]
+    identity = summary.identity
+    for target, mask in ((record.port, ~rows), (port, rows)):
+        if mask.any():
+            relative = output.new_staging_file(
+                identity.token, target, identity.partition, identity.attempt
+            )
+            output.write_table(relative, table.filter(pa.array(mask)))
+            kept.append(PortFile(target, relative, int(mask.sum())))
+    summary.files = kept
 
 
 # -- step 4: the next manifest -------------------------------------------------------------

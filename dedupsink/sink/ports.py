@@ -30,6 +30,7 @@ from dedupsink.errors import StoreCorruptError
 
 STAGING_DIR = "_staging"
 SPARK_LOG_DIR = "_spark_metadata"
+KEYS_DIR = "keys"  # a staging folder's staged keys, beside its ports' folders
 SPARK_LOG_COMPACT_INTERVAL = 10
 _BLOCK_SIZE = 128 * 1024 * 1024
 _URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides [A-Za-z0-9_.~-]
@@ -43,6 +44,11 @@ def absolute_url(url: str) -> str:
     fs, path = fsspec.core.url_to_fs(url)
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     return str(fs.unstrip_protocol(path)) if "file" in protocols else url
+
+
+def _fingerprints(data: bytes) -> Fingerprints:
+    pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2).astype(np.uint64)
+    return Fingerprints(pairs[:, 0].copy(), pairs[:, 1].copy())
 
 
 def log_url(url: str) -> str:
@@ -115,9 +121,12 @@ class Output:
         return f"{STAGING_DIR}/{token}/{port}/{name}"
 
     def write_unique_keys(self, token: str, partition: int, attempt: int, fps: Fingerprints) -> str:
-        """Stage a task's new keys in the order of its unique rows (16 bytes a key), so the
-        commit can find a row by its key without reading or hashing the rows."""
-        relative = f"{STAGING_DIR}/{token}/keys/p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}"
+        """Stage a task's new keys (16 bytes a key) in the order the commit's settlement reads
+        them, so it can find a row by its key without reading or hashing the rows. The name
+        carries the count: a task of another partition reading the file while it is being
+        written can tell that it is not complete yet."""
+        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}-n{len(fps)}"
+        relative = f"{STAGING_DIR}/{token}/{KEYS_DIR}/{name}"
         full = self.path(relative)
         self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(full, "wb") as handle:
@@ -130,8 +139,27 @@ class Output:
             raise StoreCorruptError(
                 self.path(relative), f"holds {len(data)} bytes for {count} keys of 16 bytes"
             )
-        pairs = np.frombuffer(data, dtype="<u8").reshape(count, 2).astype(np.uint64)
-        return Fingerprints(pairs[:, 0].copy(), pairs[:, 1].copy())
+        return _fingerprints(data)
+
+    def other_partitions_keys(self, token: str, partition: int, limit: int) -> Fingerprints | None:
+        """Every key that tasks of other partitions of this window have staged so far (any
+        attempt; files still being written are left out), or None when more than ``limit``
+        such files are there (reading them all would cost more than it saves)."""
+        try:
+            names = self.fs.ls(self.path(f"{STAGING_DIR}/{token}/{KEYS_DIR}"), detail=False)
+        except FileNotFoundError:
+            names = []
+        others = []
+        for name in names:
+            fields = name.rstrip("/").rsplit("/", 1)[-1].split("-")
+            if len(fields) == 4 and fields[0] != f"p{partition:05d}" and fields[3][1:].isdigit():
+                others.append((name, int(fields[3][1:])))
+        if len(others) > limit:
+            return None
+        complete = [
+            data for name, count in others if len(data := self.fs.cat_file(name)) == 16 * count
+        ]
+        return _fingerprints(b"".join(complete))
 
     def write_table(self, relative: str, table: pa.Table | pa.RecordBatch) -> None:
         full = self.path(relative)

@@ -24,7 +24,7 @@ from dedupsink.engine.classify import (
     split,
     stamp_dtype,
 )
-from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.fingerprint import Fingerprints, first_occurrences
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreOwnershipError
@@ -81,7 +81,8 @@ class TaskSummary:
     base_version: int
     skipped: bool = False
     files: list[PortFile] = field(default_factory=list)
-    unique_keys: str | None = None  # staged keys of the unique rows, in row order
+    unique_keys: str | None = None  # staged keys: of the unique rows, then of the yielded ones
+    yielded: int = 0  # unique rows given up to another partition: the duplicate file's last rows
     counts: dict[str, int] = field(default_factory=dict)
     window_file: WindowFile | None = None
     segments: dict[int, Segment] = field(default_factory=dict)
@@ -170,33 +171,96 @@ def run_task(
     classifier = WindowClassifier(settings, state, manager)
     writers = PortWriters(plan.output, identity.token, identity.partition, identity.attempt)
     counts = dict.fromkeys(PORTS, 0)
+    held = None  # the last chunk's unique rows, written once settled with other partitions
     try:
-        for batch in coalesce(batches, COALESCE_ROWS):
+        for batch, last in _marking_last(coalesce(batches, COALESCE_ROWS)):
             tick = time.perf_counter()
             result = classifier.classify(batch)
             summary.classify_seconds += time.perf_counter() - tick
             for port, rows in split(batch, result).items():
+                if last and port == "unique":
+                    held = rows
+                    continue
                 writers.write(port, rows)
                 counts[port] += rows.num_rows
+        new = classifier.new_keys()
+        _settle_held_rows(plan, identity, Fingerprints(new.h1, new.h2), held, writers, summary)
         summary.files = writers.close()
     except BaseException:
         writers.discard()
         raise
-    summary.counts = counts
+    for port in PORTS:
+        summary.counts[port] = summary.counts.get(port, 0) + counts[port]
     summary.max_stamp = classifier.max_stamp
     summary.new_categories = classifier.new_categories
-    new = classifier.new_keys()
-    if len(new.h1):
-        # The i-th new key is the key of the i-th unique row: the commit's settlement of keys
-        # that several partitions found new uses this to find rows without reading them.
-        summary.unique_keys = plan.output.write_unique_keys(
-            identity.token, identity.partition, identity.attempt, Fingerprints(new.h1, new.h2)
-        )
     folds = _compaction(manager, manifest, classifier, new, identity)
     _write_new_keys(store, manifest, classifier, new, identity, summary, folds)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
+    if summary.window_file is not None:
+        summary.window_file.keys -= summary.yielded  # the partition yielded to remembers them
     return summary
+
+
+def _marking_last(items: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, bool]]:
+    pending = next(items, None)
+    while pending is not None:
+        following = next(items, None)
+        yield pending, following is None
+        pending = following
+
+
+# A task settles with the staged keys of at most this many other tasks of its window; with
+# more, reading them all costs more than the commit's settlement would, and the commit does it.
+SETTLE_WITH_AT_MOST = 8
+
+
+def _settle_held_rows(
+    plan: SinkPlan,
+    identity: TaskIdentity,
+    keys: Fingerprints,
+    held: pa.RecordBatch | None,
+    writers: PortWriters,
+    summary: TaskSummary,
+) -> None:
+    """Stage the task's new keys, then write its held unique rows, giving up to duplicate those
+    whose key a task of another partition of this window has already staged as new.
+
+    The i-th new key is the key of the i-th unique row. Of two tasks that find a key new, the
+    one that stages its keys later sees the other's and yields its row here, so that the
+    commit need not rewrite a staged file to settle it. Tasks finishing within moments of each
+    other may both yield, or yield to an attempt that then failed: the commit checks every
+    yielded key against the window's final unique rows and promotes a row back where needed.
+    """
+    output = plan.output
+    if len(keys):
+        summary.unique_keys = output.write_unique_keys(
+            identity.token, identity.partition, identity.attempt, keys
+        )
+    if held is None:
+        return
+    yielded = np.zeros(held.num_rows, dtype=bool)
+    others = output.other_partitions_keys(identity.token, identity.partition, SETTLE_WITH_AT_MOST)
+    if others is not None and len(others):
+        mine = keys[len(keys) - held.num_rows :]
+        yielded = ~first_occurrences(Fingerprints.concat([others, mine]))[len(others) :]
+    if not yielded.any():
+        writers.write("unique", held)
+        summary.counts["unique"] = held.num_rows
+        return
+    kept = np.concatenate([np.ones(len(keys) - held.num_rows, dtype=bool), ~yielded])
+    if not yielded.all():
+        writers.write("unique", held.filter(pa.array(~yielded)))
+    writers.write("duplicate", held.filter(pa.array(yielded)))  # last rows of the file
+    summary.yielded = int(yielded.sum())
+    summary.counts["unique"] = held.num_rows - summary.yielded
+    summary.counts["duplicate"] = summary.yielded
+    summary.unique_keys = output.write_unique_keys(
+        identity.token,
+        identity.partition,
+        identity.attempt,
+        Fingerprints.concat([keys.take(kept), keys.take(~kept)]),
+    )
 
 
 # A bucket whose keys are spread over more than this many segments is compacted: folded into
