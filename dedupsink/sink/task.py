@@ -184,13 +184,14 @@ def run_task(
                 writers.write(port, rows)
                 counts[port] += rows.num_rows
         new = classifier.new_keys()
-        _settle_held_rows(plan, identity, Fingerprints(new.h1, new.h2), held, writers, summary)
+        _settle_held_rows(
+            plan, identity, Fingerprints(new.h1, new.h2), held, writers, summary, counts
+        )
         summary.files = writers.close()
     except BaseException:
         writers.discard()
         raise
-    for port in PORTS:
-        summary.counts[port] = summary.counts.get(port, 0) + counts[port]
+    summary.counts = counts
     summary.max_stamp = classifier.max_stamp
     summary.new_categories = classifier.new_categories
     folds = _compaction(manager, manifest, classifier, new, identity)
@@ -222,6 +223,7 @@ def _settle_held_rows(
     held: pa.RecordBatch | None,
     writers: PortWriters,
     summary: TaskSummary,
+    counts: dict[str, int],
 ) -> None:
     """Stage the task's new keys, then write its held unique rows, giving up to duplicate those
     whose key a task of another partition of this window has already staged as new.
@@ -246,15 +248,15 @@ def _settle_held_rows(
         yielded = ~first_occurrences(Fingerprints.concat([others, mine]))[len(others) :]
     if not yielded.any():
         writers.write("unique", held)
-        summary.counts["unique"] = held.num_rows
+        counts["unique"] += held.num_rows
         return
     kept = np.concatenate([np.ones(len(keys) - held.num_rows, dtype=bool), ~yielded])
     if not yielded.all():
         writers.write("unique", held.filter(pa.array(~yielded)))
     writers.write("duplicate", held.filter(pa.array(yielded)))  # last rows of the file
     summary.yielded = int(yielded.sum())
-    summary.counts["unique"] = held.num_rows - summary.yielded
-    summary.counts["duplicate"] = summary.yielded
+    counts["unique"] += held.num_rows - summary.yielded
+    counts["duplicate"] += summary.yielded
     summary.unique_keys = output.write_unique_keys(
         identity.token,
         identity.partition,
