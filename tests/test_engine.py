@@ -734,6 +734,29 @@ def test_first_occurrences_of_distinct_values_are_all_first() -> None:
     assert first_occurrences(fingerprint([pa.array(range(50))])).all()
 
 
+@pytest.mark.parametrize(
+    ("copies", "lane_sharers"), [(0, 0), (12, 0), (12, 30), (800, 30), (3_000, 0)]
+)
+def test_first_occurrences_compares_both_lanes_whatever_the_share_of_repeats(
+    copies: int, lane_sharers: int
+) -> None:
+    """Exact copies at the end of 5,000 random fingerprints, and rows that share only the h1
+    lane with an earlier row (a different key): few repeats, many, and mostly repeats."""
+    rows = 5_000
+    rng = np.random.default_rng(copies + lane_sharers)
+    h1 = rng.integers(0, 2**63, rows, dtype=np.int64).astype(np.uint64)
+    h2 = rng.integers(0, 2**63, rows, dtype=np.int64).astype(np.uint64)
+    h1[rows - copies :], h2[rows - copies :] = h1[:copies], h2[:copies]
+    sharers = rng.choice(rows - copies, lane_sharers, replace=False)
+    h1[sharers] = h1[(sharers + 1) % (rows - copies)]
+    seen: set[tuple[int, int]] = set()
+    expected = []
+    for pair in zip(h1.tolist(), h2.tolist(), strict=True):
+        expected.append(pair not in seen)
+        seen.add(pair)
+    assert first_occurrences(Fingerprints(h1, h2)).tolist() == expected
+
+
 # -- key sets -----------------------------------------------------------------------------
 
 

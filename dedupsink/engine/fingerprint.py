@@ -257,8 +257,34 @@ def _feed_fixed_bytes(state: _State, leaf: pa.Array) -> None:
 
 def first_occurrences(fps: Fingerprints) -> np.ndarray:
     """A mask of the rows that hold the first copy of their fingerprint in this array."""
-    if len(fps) == 0:
+    n = len(fps)
+    if n == 0:
         return np.zeros(0, dtype=bool)
+    # Sorting one lane is several times cheaper than hashing both, and most arrays repeat few
+    # fingerprints: only rows whose h1 occurs twice need the exact pass over both lanes.
+    ordered = np.sort(fps.h1)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if len(repeated) == 0:
+        return np.ones(n, dtype=bool)
+    if 4 * len(repeated) > n:
+        return _first_by_hash(fps)
+    involved = _rows_holding(fps.h1, repeated)
+    first = np.ones(n, dtype=bool)
+    first[involved] = _first_by_hash(fps.take(involved))
+    return first
+
+
+def _rows_holding(words: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The indices of the words that may be among ``values``: all that are, and a few percent more
+    that share a slot of a bit table on the top bits (harmless to the exact pass after)."""
+    bits = max(12, min(22, int(32 * len(values)).bit_length()))
+    shift = _U64(64 - bits)
+    table = np.zeros(1 << bits, dtype=bool)
+    table[values >> shift] = True
+    return np.flatnonzero(table[words >> shift])
+
+
+def _first_by_hash(fps: Fingerprints) -> np.ndarray:
     codes = np.asarray(pc.dictionary_encode(fps.as_arrow()).indices)
     # dictionary_encode numbers values in order of first appearance, so a row is a first copy
     # exactly when its code exceeds every code before it.
