@@ -47,8 +47,9 @@ def absolute_url(url: str) -> str:
 
 
 def _fingerprints(data: bytes) -> Fingerprints:
-    pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2).astype(np.uint64)
-    return Fingerprints(pairs[:, 0].copy(), pairs[:, 1].copy())
+    pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
+    # One contiguous native-order copy per lane (astype of a strided view copies once).
+    return Fingerprints(pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64))
 
 
 def log_url(url: str) -> str:

@@ -226,11 +226,11 @@ def concat_segments(
         check_segment(raw, segment, stamp_dtype, path)
     kept: list[tuple[SegmentBytes, Segment]] = []
     top = None
+    little = None if stamp_dtype is None else np.dtype(stamp_dtype).newbyteorder("<")
     for raw, segment in zip(raws, segments, strict=True):
         if segment.count == 0:
             continue
-        if stamp_dtype is not None:
-            little = np.dtype(stamp_dtype).newbyteorder("<")
+        if little is not None:
             stamps = np.frombuffer(
                 raw, dtype=little, offset=16 * segment.count, count=segment.count
             )
