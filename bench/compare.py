@@ -158,6 +158,7 @@ def run_variant(
     query.awaitTermination()
     seconds = time.perf_counter() - started
     sampler.stop()
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     cpu_seconds = sampler.cpu_seconds() - cpu_before
     record: dict[str, Any] = {
         "variant": variant,
@@ -167,8 +168,9 @@ def run_variant(
         "peak_tree_pss": sampler.peak_pss,
         "peak_jvm_rss": sampler.peak_by_name.get("java", 0),
         "peak_by_name": sampler.peak_by_name,
-        "batches": sum(1 for p in query.recentProgress if p["numInputRows"] > 0),
+        "batches": len(progress),
         "duration_ms": progress_durations(query.recentProgress),
+        "batch_ms": [int(p.get("durationMs", {}).get("triggerExecution", 0)) for p in progress],
     }
     if variant == "dedupsink":
         record |= dedupsink_measures(output)
@@ -468,10 +470,33 @@ def report(results: dict[str, list[dict[str, Any]]], truth: dict[str, Any], rows
                 shown.append(f"{name} {median(values):.1f}")
         print(f"  {variant}: " + ", ".join(shown))
     print()
+    print_first_batch_split(results)
+    print()
     print("correctness (every run):")
     for variant, records in results.items():
         for index, r in enumerate(records):
             print(f"  {variant} #{index + 1}: {check(r, truth)}")
+
+
+def print_first_batch_split(results: dict[str, list[dict[str, Any]]]) -> None:
+    """The first micro-batch against the others (triggerExecution, medians of the runs): the
+    first one carries the start-up of every Python process Spark runs for a Python sink."""
+    print("first micro-batch and the others (triggerExecution, median of the runs):")
+    floor_rest = None
+    for variant, records in results.items():
+        timed = [r["batch_ms"] for r in records if len(r.get("batch_ms", [])) > 1]
+        if not timed:
+            continue
+        first = median([batches[0] for batches in timed]) / 1000
+        rest = median([sum(batches[1:]) for batches in timed]) / 1000
+        per_batch = median([median(batches[1:]) for batches in timed])
+        if variant == "floor":
+            floor_rest = rest
+        versus = "" if floor_rest is None else f"; the others / floor's {rest / floor_rest:.3f}"
+        print(
+            f"  {variant:<32} first {first:5.1f} s, the other {len(timed[0]) - 1} "
+            f"{rest:5.1f} s (median {per_batch:,.0f} ms each){versus}"
+        )
 
 
 def ratio(
