@@ -27,6 +27,7 @@ from dedupsink.errors import DedupError
 __all__ = ["Fingerprints", "UnsupportedKeyType", "fingerprint", "key_leaves"]
 
 _U64 = np.uint64
+_STAGED_WORD = np.dtype("<u8")
 _SEED_A = _U64(0x9E3779B97F4A7C15)
 _SEED_B = _U64(0xC2B2AE3D27D4EB4F)
 _K1 = _U64(0x87C37B91114253D5)
@@ -65,6 +66,20 @@ class Fingerprints:
         return Fingerprints(
             np.concatenate([p.h1 for p in parts]), np.concatenate([p.h2 for p in parts])
         )
+
+    def packed(self) -> memoryview:
+        """16 bytes a key, ``h1`` then ``h2`` as little-endian words: how keys are staged."""
+        words = np.empty((len(self.h1), 2), dtype=_STAGED_WORD)
+        words[:, 0] = self.h1
+        words[:, 1] = self.h2
+        return words.data.cast("B")
+
+    @staticmethod
+    def from_packed(data: bytes) -> Fingerprints:
+        """The inverse of ``packed``."""
+        words = np.frombuffer(data, dtype=_STAGED_WORD).reshape(-1, 2)
+        # One contiguous native-order copy per lane (astype of a strided view copies once).
+        return Fingerprints(words[:, 0].astype(_U64), words[:, 1].astype(_U64))
 
     def as_arrow(self) -> pa.FixedSizeBinaryArray:
         """The fingerprints as 16-byte binaries, to use Arrow's C++ hash kernels on them."""

@@ -18,7 +18,6 @@ from typing import Any
 from urllib.parse import quote
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -44,12 +43,6 @@ def absolute_url(url: str) -> str:
     fs, path = fsspec.core.url_to_fs(url)
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     return str(fs.unstrip_protocol(path)) if "file" in protocols else url
-
-
-def _fingerprints(data: bytes) -> Fingerprints:
-    pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
-    # One contiguous native-order copy per lane (astype of a strided view copies once).
-    return Fingerprints(pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64))
 
 
 def log_url(url: str) -> str:
@@ -131,7 +124,7 @@ class Output:
         full = self.path(relative)
         self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(full, "wb") as handle:
-            handle.write(fps.as_arrow().buffers()[1])
+            handle.write(fps.packed())
         return relative
 
     def read_unique_keys(self, relative: str, count: int) -> Fingerprints:
@@ -140,7 +133,7 @@ class Output:
             raise StoreCorruptError(
                 self.path(relative), f"holds {len(data)} bytes for {count} keys of 16 bytes"
             )
-        return _fingerprints(data)
+        return Fingerprints.from_packed(data)
 
     def other_partitions_keys(self, token: str, partition: int, limit: int) -> Fingerprints | None:
         """Every key that tasks of other partitions of this window have staged so far (any
@@ -160,7 +153,7 @@ class Output:
         complete = [
             data for name, count in others if len(data := self.fs.cat_file(name)) == 16 * count
         ]
-        return _fingerprints(b"".join(complete))
+        return Fingerprints.from_packed(b"".join(complete))
 
     def write_table(self, relative: str, table: pa.Table | pa.RecordBatch) -> None:
         full = self.path(relative)
