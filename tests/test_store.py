@@ -241,6 +241,19 @@ def test_committed_manifest_reads_back_equal(root: str) -> None:
     assert reopened.read(5) is None
 
 
+def test_fields_set_on_a_read_manifest_do_not_reach_the_next_read(root: str) -> None:
+    plan = make_plan(root)
+    store = plan.store
+    store.open(plan.settings)
+    committed = rich_manifest(1, plan.settings)
+    store.commit(committed)
+    committed.owner = None  # the committer's object, after the commit
+    first = store.read()
+    assert first is not None
+    first.version, first.publish = 7, None
+    assert store.read() == rich_manifest(1, plan.settings)
+
+
 def test_committing_an_existing_version_is_a_conflict(root: str) -> None:
     plan = make_plan(root)
     store = plan.store

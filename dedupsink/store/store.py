@@ -16,6 +16,7 @@ older version is not disturbed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 import uuid
 from collections.abc import Sequence
@@ -49,6 +50,12 @@ _SETTING_OPTIONS = {
     "bucket_count": NUM_BUCKETS,
 }
 _fetch_pool: ThreadPoolExecutor | None = None
+# The manifest each store (by URL) last wrote or decoded in this process, with its path and
+# bytes. A window reads the same version twice (its tasks, then its commit) and the commit has
+# just written the version the next window's tasks read; decoding costs ~2 us per live window
+# file, so a day's index would make every window slower. Versions are immutable, and a read
+# still fetches the bytes and compares them, so a rewritten or damaged file is decoded afresh.
+_last_manifest: dict[str, tuple[str, bytes, Manifest]] = {}
 
 
 def now_ms() -> int:
@@ -113,7 +120,15 @@ class BucketStore:
             data = self.fs.cat_file(path)
         except FileNotFoundError:
             return None
-        return Manifest.from_bytes(data, path)
+        known = _last_manifest.get(self.url)
+        if known is not None and known[0] == path and known[1] == data:
+            manifest = known[2]
+        else:
+            manifest = Manifest.from_bytes(data, path)
+            _last_manifest[self.url] = (path, data, manifest)
+        # Callers get their own top-level object (some set fields on it to derive a version);
+        # the nested containers are shared, and nothing mutates a committed version's.
+        return copy.copy(manifest)
 
     def fetch(self, segments: Sequence[Segment]) -> list[memoryview]:
         """Read segments (range reads), several window files in parallel.
@@ -193,12 +208,14 @@ class BucketStore:
                 "another writer committed first"
             )
         staged = self.path(LOG_DIR, f".{manifest.version:012d}-{uuid.uuid4().hex}.tmp")
-        self.fs.pipe_file(staged, manifest.to_bytes())
+        data = manifest.to_bytes()
+        self.fs.pipe_file(staged, data)
         try:
             self.fs.mv(staged, final)
         except OSError:
             self._remove_quietly([staged])
             raise
+        _last_manifest[self.url] = (final, data, copy.copy(manifest))
 
     def is_published(self, version: int) -> bool:
         return bool(self.fs.exists(self.path(LOG_DIR, f"{version:012d}{PUBLISHED_SUFFIX}")))
