@@ -83,10 +83,8 @@ class Fingerprints:
 
     def as_arrow(self) -> pa.FixedSizeBinaryArray:
         """The fingerprints as 16-byte binaries, to use Arrow's C++ hash kernels on them."""
-        packed = np.empty((len(self.h1), 2), dtype=_U64)
-        packed[:, 0] = self.h1
-        packed[:, 1] = self.h2
-        return pa.Array.from_buffers(pa.binary(16), len(self.h1), [None, pa.py_buffer(packed)])
+        buffer = pa.py_buffer(self.packed())
+        return pa.Array.from_buffers(pa.binary(16), len(self.h1), [None, buffer])
 
 
 def _rotl(x: np.ndarray, r: int) -> np.ndarray:
