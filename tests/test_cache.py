@@ -10,7 +10,10 @@ counters must behave. A window file that no manifest references must never be se
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,3 +359,41 @@ def test_a_warm_manager_sees_keys_once_their_window_commits(tmp_path: Path) -> N
     assert (
         remembered(BucketManager(store, BucketCache(64), None), v1, range(50, 100)) == [False] * 50
     )
+
+
+# -- the memory a caching process gives back ------------------------------------------------
+
+ONE_WINDOW_THEN_ARROW_POOL = """
+import sys
+import pyarrow as pa
+from dedupsink.engine.settings import resolve
+from dedupsink.options import DedupOptions
+from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+
+batch = pa.record_batch({"id": pa.array(range(100), pa.int64())})
+options = DedupOptions.parse({"path": sys.argv[1], "keys": "id"})
+plan = SinkPlan(options, resolve(options, batch.schema), batch.schema)
+run_task(plan, TaskIdentity("q", 0, 0, 0), iter([batch]))
+print(pa.default_memory_pool().backend_name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("chosen", "expected"), [(None, "jemalloc"), ("system", "system"), ("mimalloc", "mimalloc")]
+)
+def test_a_process_running_tasks_serves_arrow_from_jemalloc_unless_told_otherwise(
+    tmp_path: Path, chosen: str | None, expected: str
+) -> None:
+    if "jemalloc" not in pa.supported_memory_backends():
+        pytest.skip("this pyarrow was built without jemalloc")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen is not None:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    run = subprocess.run(
+        [sys.executable, "-c", ONE_WINDOW_THEN_ARROW_POOL, str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.split() == [expected]

@@ -13,12 +13,14 @@ a committed manifest are ever loaded: uncommitted state is never served.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import KeySet
@@ -267,6 +269,13 @@ _managers_lock = threading.Lock()
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _MMAP_THRESHOLD_BYTES = 1 << 20
+_ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
+
+
+def _bound_process_memory() -> None:
+    """Make freed memory leave this process, once, when it first caches buckets."""
+    _return_large_frees_to_the_os()
+    _serve_arrow_from_jemalloc()
 
 
 def _return_large_frees_to_the_os() -> None:
@@ -283,6 +292,24 @@ def _return_large_frees_to_the_os() -> None:
         return
 
 
+def _serve_arrow_from_jemalloc() -> None:
+    """Make jemalloc this process's Arrow memory pool, unless ``ARROW_DEFAULT_MEMORY_POOL``
+    already chose one.
+
+    pyarrow's default, mimalloc, keeps the pages of freed buffers (Parquet pages, the port
+    splits, Spark's incoming batches) for reuse, and how much it keeps follows the size of a
+    window: over a day of 20,000-row windows its process peaked at 280 MB against 237 MB with
+    jemalloc, which returns unused pages to the OS as they age, at the same speed. The C
+    allocator held as little but was 10% slower. Where pyarrow was built without jemalloc,
+    nothing is changed."""
+    if os.environ.get(_ARROW_POOL_ENV):
+        return
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:
+        return
+
+
 def manager_for(
     store: BucketStore,
     manifest: Manifest,
@@ -296,7 +323,7 @@ def manager_for(
         manager = _managers.get(key)
         bounds = (capacity, max_bytes)
         if not _managers:
-            _return_large_frees_to_the_os()
+            _bound_process_memory()
         if manager is None or (manager.cache.capacity, manager.cache.max_bytes) != bounds:
             manager = BucketManager(store, BucketCache(capacity, max_bytes), stamp_dtype)
             _managers[key] = manager
