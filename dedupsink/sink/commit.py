@@ -367,7 +367,7 @@ def _publication_plan(
         records = [r for s in done for r in s.files if r.port == port and r.rows > 0]
         if not records and state.files == 0:
             # A port is readable with its schema from the first window on, even with no rows.
-            staged = f"{output.staging(token)}/{port}/pschema-0.parquet"
+            staged = f"{output.staging(token)}/pschema-0.{port}.parquet"
             output.write_table(staged, port_schema(port, plan.schema).empty_table())
             records = [PortFile(port, staged, 0)]
         for index, record in enumerate(records):

@@ -29,7 +29,9 @@ from dedupsink.errors import StoreCorruptError
 
 STAGING_DIR = "_staging"
 SPARK_LOG_DIR = "_spark_metadata"
-KEYS_DIR = "keys"  # a staging folder's staged keys, beside its ports' folders
+# A window's staging folder is flat (its ports' files and its staged keys side by side):
+# a folder per port would cost a creation and a removal each, every window.
+KEYS_SUFFIX = ".keys"
 SPARK_LOG_COMPACT_INTERVAL = 10
 _BLOCK_SIZE = 128 * 1024 * 1024
 _URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides [A-Za-z0-9_.~-]
@@ -111,16 +113,16 @@ class Output:
         return f"{STAGING_DIR}/{token}"
 
     def new_staging_file(self, token: str, port: str, partition: int, attempt: int) -> str:
-        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.parquet"
-        return f"{STAGING_DIR}/{token}/{port}/{name}"
+        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.{port}.parquet"
+        return f"{STAGING_DIR}/{token}/{name}"
 
     def write_unique_keys(self, token: str, partition: int, attempt: int, fps: Fingerprints) -> str:
         """Stage a task's new keys (16 bytes a key) in the order the commit's settlement reads
         them, so it can find a row by its key without reading or hashing the rows. The name
         carries the count: a task of another partition reading the file while it is being
         written can tell that it is not complete yet."""
-        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}-n{len(fps)}"
-        relative = f"{STAGING_DIR}/{token}/{KEYS_DIR}/{name}"
+        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}-n{len(fps)}{KEYS_SUFFIX}"
+        relative = f"{STAGING_DIR}/{token}/{name}"
         full = self.path(relative)
         self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(full, "wb") as handle:
@@ -140,12 +142,14 @@ class Output:
         attempt; files still being written are left out), or None when more than ``limit``
         such files are there (reading them all would cost more than it saves)."""
         try:
-            names = self.fs.ls(self.path(f"{STAGING_DIR}/{token}/{KEYS_DIR}"), detail=False)
+            names = self.fs.ls(self.path(f"{STAGING_DIR}/{token}"), detail=False)
         except FileNotFoundError:
             names = []
         others = []
         for name in names:
-            fields = name.rstrip("/").rsplit("/", 1)[-1].split("-")
+            if not name.endswith(KEYS_SUFFIX):
+                continue
+            fields = name.rsplit("/", 1)[-1].removesuffix(KEYS_SUFFIX).split("-")
             if len(fields) == 4 and fields[0] != f"p{partition:05d}" and fields[3][1:].isdigit():
                 others.append((name, int(fields[3][1:])))
         if len(others) > limit:
