@@ -129,7 +129,11 @@ def run_day(
     from dedupsink.options import DedupOptions
     from dedupsink.sink.commit import commit_window
     from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+    from dedupsink.store.cache import bound_process_memory
 
+    # An executor's first task sets the process's memory policy before it reads any rows; this
+    # process builds its windows' rows itself, so it sets the policy before building the first.
+    bound_process_memory()
     day = Day(rows_per_batch, resend_fraction, seed)
     first = day.window(0)
     options = DedupOptions.parse({"path": str(work / "out"), **SINK_OPTIONS})

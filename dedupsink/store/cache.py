@@ -272,8 +272,8 @@ _MMAP_THRESHOLD_BYTES = 1 << 20
 _ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 
-def _bound_process_memory() -> None:
-    """Make freed memory leave this process, once, when it first caches buckets."""
+def bound_process_memory() -> None:
+    """Make freed memory leave this process; done when it first caches buckets."""
     _return_large_frees_to_the_os()
     _serve_arrow_from_jemalloc()
 
@@ -302,12 +302,8 @@ def _serve_arrow_from_jemalloc() -> None:
     jemalloc, which returns unused pages to the OS as they age, at the same speed. The C
     allocator held as little but was 10% slower. Where pyarrow was built without jemalloc,
     nothing is changed."""
-    if os.environ.get(_ARROW_POOL_ENV):
-        return
-    try:
+    if not os.environ.get(_ARROW_POOL_ENV) and "jemalloc" in pa.supported_memory_backends():
         pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except NotImplementedError:
-        return
 
 
 def manager_for(
@@ -323,7 +319,7 @@ def manager_for(
         manager = _managers.get(key)
         bounds = (capacity, max_bytes)
         if not _managers:
-            _bound_process_memory()
+            bound_process_memory()
         if manager is None or (manager.cache.capacity, manager.cache.max_bytes) != bounds:
             manager = BucketManager(store, BucketCache(capacity, max_bytes), stamp_dtype)
             _managers[key] = manager
