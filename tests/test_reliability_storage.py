@@ -235,7 +235,7 @@ def test_spark_query_failing_on_a_full_disk_restarts_from_its_checkpoint_and_los
     ctl = Control(tmp_path / "control").setup(
         [
             FaultPoint(
-                "task", "task", batch=1, op="open(wb)", path_part="/unique/", action="raise"
+                "task", "task", batch=1, op="open(wb)", path_part=".unique.parquet", action="raise"
             ),
             FaultPoint(
                 "commit",
