@@ -228,12 +228,17 @@ def test_manifest_round_trips_through_bytes(root: str) -> None:
     assert Manifest.from_bytes(manifest.to_bytes(), "m") == manifest
 
 
-def test_committed_manifest_reads_back_equal(root: str) -> None:
+def commit_rich_manifest(root: str) -> tuple[SinkPlan, Manifest]:
+    """A new store at ``root`` with ``rich_manifest(1)`` committed on top of version 0."""
     plan = make_plan(root)
-    store = plan.store
-    store.open(plan.settings)
+    plan.store.open(plan.settings)
     manifest = rich_manifest(1, plan.settings)
-    store.commit(manifest)
+    plan.store.commit(manifest)
+    return plan, manifest
+
+
+def test_committed_manifest_reads_back_equal(root: str) -> None:
+    plan, manifest = commit_rich_manifest(root)
     reopened = BucketStore(plan.options.store_path)
     assert reopened.versions() == [0, 1]
     assert reopened.read() == manifest
@@ -242,16 +247,12 @@ def test_committed_manifest_reads_back_equal(root: str) -> None:
 
 
 def test_fields_set_on_a_read_manifest_do_not_reach_the_next_read(root: str) -> None:
-    plan = make_plan(root)
-    store = plan.store
-    store.open(plan.settings)
-    committed = rich_manifest(1, plan.settings)
-    store.commit(committed)
+    plan, committed = commit_rich_manifest(root)
     committed.owner = None  # the committer's object, after the commit
-    first = store.read()
+    first = plan.store.read()
     assert first is not None
     first.version, first.publish = 7, None
-    assert store.read() == rich_manifest(1, plan.settings)
+    assert plan.store.read() == rich_manifest(1, plan.settings)
 
 
 def test_committing_an_existing_version_is_a_conflict(root: str) -> None:

@@ -95,6 +95,12 @@ def open_parquet_writer(handle: Any, first: pa.Table | pa.RecordBatch) -> pq.Par
     return pq.ParquetWriter(handle, first.schema, use_dictionary=dictionary_columns(first))
 
 
+def _staged_stem(partition: int, attempt: int) -> str:
+    """How a task's staged files begin: ``p<partition>-a<attempt>-<id>`` (the commit reads the
+    partition back from the first field)."""
+    return f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}"
+
+
 class Output:
     """The output root of one sink; pickles as its URL."""
 
@@ -113,15 +119,14 @@ class Output:
         return f"{STAGING_DIR}/{token}"
 
     def new_staging_file(self, token: str, port: str, partition: int, attempt: int) -> str:
-        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}.{port}.parquet"
-        return f"{STAGING_DIR}/{token}/{name}"
+        return f"{STAGING_DIR}/{token}/{_staged_stem(partition, attempt)}.{port}.parquet"
 
     def write_unique_keys(self, token: str, partition: int, attempt: int, fps: Fingerprints) -> str:
         """Stage a task's new keys (16 bytes a key) in the order the commit's settlement reads
         them, so it can find a row by its key without reading or hashing the rows. The name
         carries the count: a task of another partition reading the file while it is being
         written can tell that it is not complete yet."""
-        name = f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}-n{len(fps)}{KEYS_SUFFIX}"
+        name = f"{_staged_stem(partition, attempt)}-n{len(fps)}{KEYS_SUFFIX}"
         relative = f"{STAGING_DIR}/{token}/{name}"
         full = self.path(relative)
         self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
