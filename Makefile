@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,hdfs]' --config-settings editable_mode=compat
+	$(VENV)/bin/dedupsink precompile  # PySpark's archive, as Spark's Python workers import it
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install dedupsink with its dev tools

@@ -21,6 +21,7 @@ import re
 import subprocess
 import threading
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -461,6 +462,7 @@ def machine_facts() -> dict[str, str]:
     except OSError:
         facts["java"] = "not found"
     facts["dedupsink"] = code_revision()
+    facts["pyspark archive bytecode"] = pyspark_archive_bytecode()
     for module in ("pyspark", "pyarrow", "numpy"):
         try:
             facts[module] = __import__(module).__version__
@@ -484,6 +486,24 @@ def code_revision() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head}{' + local changes' if dirty else ''}"
+
+
+def pyspark_archive_bytecode() -> str:
+    """Whether Spark's Python workers import PySpark from bytecode (``dedupsink precompile``):
+    without it each Python process Spark starts compiles PySpark, some 0.3 s."""
+    from dedupsink.cli.precompile import spark_python_archives
+    from dedupsink.errors import DedupError
+
+    try:
+        archives = spark_python_archives()
+    except DedupError:
+        return "no archive"
+    return "yes" if all(_holds_bytecode(archive) for archive in archives) else "no"
+
+
+def _holds_bytecode(archive: Path) -> bool:
+    with zipfile.ZipFile(archive) as opened:
+        return any(name.endswith(".pyc") for name in opened.namelist())
 
 
 def print_machine() -> None:
