@@ -87,3 +87,13 @@ def test_spark_home_without_archives_names_the_option(
     error = capsys.readouterr().err
     assert f"Spark home {tmp_path} (from --spark-home)" in error
     assert str(tmp_path / "python" / "lib") in error
+
+
+def test_an_unreadable_archive_is_a_one_line_error_and_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive = make_spark_home(tmp_path)
+    archive.write_bytes(b"not a zip")
+    assert main(["precompile", "--spark-home", str(tmp_path)]) == 1
+    assert f"{archive} is not a readable zip archive" in capsys.readouterr().err
+    assert archive.read_bytes() == b"not a zip"

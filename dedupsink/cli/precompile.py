@@ -28,6 +28,7 @@ from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr
 from pathlib import Path
 
 from dedupsink.cli.errors import ConfigError
+from dedupsink.errors import DedupError
 
 __all__ = ["ArchiveReport", "precompile_archive", "spark_python_archives"]
 
@@ -45,11 +46,11 @@ class ArchiveReport:
     def describe(self) -> str:
         if self.compiled == 0:
             return f"{self.path}: already compiled"
-        skipped = f" ({self.uncompilable} left as source: not valid Python)" * bool(
-            self.uncompilable
-        )
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        return f"{self.path}: {self.compiled:,} modules compiled for Python {version}{skipped}"
+        text = f"{self.path}: {self.compiled:,} modules compiled for Python {version}"
+        if self.uncompilable:
+            text += f" ({self.uncompilable} left as source: not valid Python)"
+        return text
 
 
 def spark_python_archives(spark_home: str | None = None) -> list[Path]:
@@ -87,26 +88,33 @@ def precompile_archive(path: Path) -> ArchiveReport:
 
     The new archive is written next to the old one and renamed over it, so a crash leaves
     either archive whole. An archive with nothing to compile is left untouched."""
-    with zipfile.ZipFile(path) as archive:
-        names = set(archive.namelist())
-        pending = [n for n in archive.namelist() if n.endswith(".py") and n + "c" not in names]
-        bytecode = {name: _bytecode(archive.read(name), name) for name in pending}
-        compiled = {name: pyc for name, pyc in bytecode.items() if pyc is not None}
-        if compiled:
-            _rewrite(archive, path, compiled)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            pending = [n for n in archive.namelist() if n.endswith(".py") and n + "c" not in names]
+            bytecode = {name: _bytecode(archive.read(name), name) for name in pending}
+            compiled = {name: pyc for name, pyc in bytecode.items() if pyc is not None}
+            if compiled:
+                _rewrite(archive, path, compiled)
+    except zipfile.BadZipFile as exc:
+        raise DedupError(f"{path} is not a readable zip archive ({exc}); left as it is") from exc
     return ArchiveReport(path, len(compiled), len(pending) - len(compiled))
 
 
 def _rewrite(archive: zipfile.ZipFile, path: Path, bytecode: dict[str, bytes]) -> None:
     staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as out:
-            for entry in archive.infolist():
-                out.writestr(entry, archive.read(entry))
-                if entry.filename in bytecode:
-                    # Beside the source, not in __pycache__: where zipimport looks for it.
-                    pyc = zipfile.ZipInfo(entry.filename + "c", entry.date_time)
-                    out.writestr(pyc, bytecode[entry.filename], zipfile.ZIP_DEFLATED)
+        with open(staged, "wb") as handle:
+            with zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as out:
+                for entry in archive.infolist():
+                    out.writestr(entry, archive.read(entry))
+                    if entry.filename in bytecode:
+                        # Beside the source, not in __pycache__: where zipimport looks for it.
+                        pyc = zipfile.ZipInfo(entry.filename + "c", entry.date_time)
+                        out.writestr(pyc, bytecode[entry.filename], zipfile.ZIP_DEFLATED)
+            # On disk before the rename, so the rename never exposes a partly written archive.
+            handle.flush()
+            os.fsync(handle.fileno())
         staged.chmod(path.stat().st_mode & 0o7777)
         os.replace(staged, path)
     finally:
@@ -123,4 +131,5 @@ def _bytecode(source: bytes, filename: str) -> bytes | None:
             code = compile(source, filename, "exec", dont_inherit=True)
         except (SyntaxError, ValueError):
             return None
+    # The helper py_compile uses for its hash-based invalidation mode.
     return bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=True))
