@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dedupsink.cli.main import main
+from dedupsink.cli.precompile import modules_without_bytecode
 
 MODULES = {
     "pkgx/__init__.py": "",
@@ -46,8 +47,10 @@ def test_adds_bytecode_that_a_fresh_process_imports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     archive = make_spark_home(tmp_path)
+    assert modules_without_bytecode(archive) == 3
     assert main(["precompile", "--spark-home", str(tmp_path)]) == 0
     assert "2 modules compiled" in capsys.readouterr().out
+    assert modules_without_bytecode(archive) == 1  # broken.py, left as source
     with zipfile.ZipFile(archive) as compiled:
         names = set(compiled.namelist())
     assert set(MODULES) <= names  # the sources stay, for tracebacks

@@ -30,7 +30,12 @@ from pathlib import Path
 from dedupsink.cli.errors import ConfigError
 from dedupsink.errors import DedupError
 
-__all__ = ["ArchiveReport", "precompile_archive", "spark_python_archives"]
+__all__ = [
+    "ArchiveReport",
+    "modules_without_bytecode",
+    "precompile_archive",
+    "spark_python_archives",
+]
 
 SPARK_HOME_ENV = "SPARK_HOME"
 
@@ -90,8 +95,7 @@ def precompile_archive(path: Path) -> ArchiveReport:
     either archive whole. An archive with nothing to compile is left untouched."""
     try:
         with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-            pending = [n for n in archive.namelist() if n.endswith(".py") and n + "c" not in names]
+            pending = _sources_without_bytecode(archive)
             bytecode = {name: _bytecode(archive.read(name), name) for name in pending}
             compiled = {name: pyc for name, pyc in bytecode.items() if pyc is not None}
             if compiled:
@@ -99,6 +103,19 @@ def precompile_archive(path: Path) -> ArchiveReport:
     except zipfile.BadZipFile as exc:
         raise DedupError(f"{path} is not a readable zip archive ({exc}); left as it is") from exc
     return ArchiveReport(path, len(compiled), len(pending) - len(compiled))
+
+
+def modules_without_bytecode(path: Path) -> int:
+    """How many modules of the archive at ``path`` have no ``.pyc`` beside them (0 once
+    ``precompile_archive`` has run, unless a module is not valid Python)."""
+    with zipfile.ZipFile(path) as archive:
+        return len(_sources_without_bytecode(archive))
+
+
+def _sources_without_bytecode(archive: zipfile.ZipFile) -> list[str]:
+    names = archive.namelist()
+    present = set(names)
+    return [name for name in names if name.endswith(".py") and name + "c" not in present]
 
 
 def _rewrite(archive: zipfile.ZipFile, path: Path, bytecode: dict[str, bytes]) -> None:
