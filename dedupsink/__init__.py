@@ -33,20 +33,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def release(path: str, query_id: str | None = None) -> None:
-    """Release the owner lease of the store under output ``path`` (or a store URL)."""
-    from dedupsink.sink.commit import release as release_store
-    from dedupsink.store.store import BucketStore
+def release(
+    path: str, query_id: str | None = None, storage_options: dict[str, Any] | None = None
+) -> None:
+    """Give up the store under output ``path`` (or a store URL) so another query can take it at
+    once, without waiting for the owner's lease (``ownerTimeout``) to lapse."""
+    from dedupsink.store.ownership import release as release_store
+    from dedupsink.store.store import BucketStore, find_store
 
-    release_store(BucketStore(store_url(path)), query_id)
-
-
-def store_url(path: str) -> str:
-    """The store behind ``path``: the path itself if it holds a store, else ``<path>/_store``."""
-    from dedupsink.options import STORE_DIRNAME_DEFAULT, join_url
-    from dedupsink.store.store import LOG_DIR, BucketStore
-
-    candidate = BucketStore(path)
-    if candidate.fs.exists(candidate.path(LOG_DIR)):
-        return candidate.url
-    return join_url(path, STORE_DIRNAME_DEFAULT)
+    found = find_store(path, storage_options)
+    if found is not None:
+        release_store(BucketStore(found[0], storage_options), query_id)

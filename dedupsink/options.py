@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from dedupsink.errors import DedupOptionError
+from dedupsink.errors import DedupError, DedupOptionError
 
 ExpiryMode = Literal["tupleTime", "systemTime", "ordered", "categorical"]
 EXPIRY_MODES: tuple[ExpiryMode, ...] = get_args(ExpiryMode)
@@ -40,7 +41,12 @@ STORE_DIRNAME_DEFAULT = "_store"
 OUTPUT_FORMAT = "outputFormat"
 OUTPUT_FORMATS = ("parquet",)
 OWNER_TIMEOUT = "ownerTimeout"
-OWNER_TIMEOUT_DEFAULT = "10 minutes"
+# How long after its last commit a query's hold on the store keeps another query waiting: a
+# redeploy right after a query stops waits at most this long (see store/ownership.py).
+OWNER_TIMEOUT_DEFAULT = "10 seconds"
+# Options named fs.<name> are fsspec storage options <name> for the store and the ports.
+STORAGE_OPTION_PREFIX = "fs."
+MASK = "***"
 
 # A bucket span, when not given, is this fraction of the expiry period: 16 time buckets keep
 # each bucket small while one expiry period of history needs few files per bucket.
@@ -198,6 +204,8 @@ class DedupOptions:
     owner_timeout: Span = field(
         default_factory=lambda: parse_duration(OWNER_TIMEOUT, OWNER_TIMEOUT_DEFAULT)
     )
+    # Secrets travel here (keys, tokens): never shown by repr, to_strings, logs or errors.
+    storage_options: dict[str, object] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.store_path:
@@ -211,6 +219,8 @@ class DedupOptions:
     def parse(cls, raw: Mapping[str, str]) -> DedupOptions:
         """Parse Spark's string options (any case); unknown options are refused by name."""
         given = {key.lower(): str(value) for key, value in raw.items()}
+        storage = parse_storage_options(given)
+        given = {key: value for key, value in given.items() if not is_storage_option(key)}
         _refuse_unknown(given)
 
         def text(name: str) -> str | None:
@@ -224,7 +234,7 @@ class DedupOptions:
             )
         mode_text = text(EXPIRY_MODE)
         mode = parse_choice(EXPIRY_MODE, mode_text, EXPIRY_MODES) if mode_text else None
-        values: dict[str, object] = {"path": path.rstrip("/") or "/"}
+        values: dict[str, object] = {"path": path.rstrip("/") or "/", "storage_options": storage}
         optional_parsers: dict[str, tuple[str, Callable[[str], object]]] = {
             KEYS: ("keys", lambda v: parse_columns(KEYS, v)),
             EXPIRY_KEY: ("expiry_key", lambda v: v),
@@ -286,7 +296,8 @@ class DedupOptions:
                     )
 
     def to_strings(self) -> dict[str, str]:
-        """The options back as Spark strings (for the CLI and for logs)."""
+        """The options back as Spark strings (for the CLI and for logs); storage options are
+        shown by name only, their values masked."""
         out = {PATH: self.path, STORE_PATH: self.store_path, NUM_BUCKETS: str(self.num_buckets)}
         out[MAX_CACHED_BUCKETS] = str(self.max_cached_buckets)
         out[MAX_CACHE_MEMORY] = self.max_cache_memory.text
@@ -303,7 +314,52 @@ class DedupOptions:
         ):
             if value is not None:
                 out[option] = value
+        for name in self.storage_options:
+            out[STORAGE_OPTION_PREFIX + name] = MASK
         return out
+
+    def mask(self, text: str) -> str:
+        """``text`` with every storage option's value replaced by ``***``."""
+        return mask_values(text, self.storage_options.values())
+
+    @contextmanager
+    def masking(self) -> Iterator[None]:
+        """Re-raise a dedupsink error with the storage options' values masked: secrets travel
+        in them, and a filesystem's message may quote one."""
+        try:
+            yield
+        except DedupError as exc:
+            masked = self.mask(str(exc))
+            if masked != str(exc):
+                exc.args = (masked,)
+            raise
+
+
+def is_storage_option(name: str) -> bool:
+    return name.lower().startswith(STORAGE_OPTION_PREFIX)
+
+
+def parse_storage_options(given: Mapping[str, str]) -> dict[str, object]:
+    """``fs.<name>`` options as fsspec storage options: ``true``/``false`` become booleans,
+    every other value stays a string."""
+    parsed: dict[str, object] = {}
+    for key, text in given.items():
+        if not is_storage_option(key):
+            continue
+        name = key[len(STORAGE_OPTION_PREFIX) :]
+        if not name:
+            raise DedupOptionError(key, MASK, "fs.<name>, an fsspec storage option such as fs.key")
+        lowered = text.strip().lower()
+        parsed[name] = lowered == "true" if lowered in ("true", "false") else text
+    return parsed
+
+
+def mask_values(text: str, values: Iterable[object]) -> str:
+    """Replace each of ``values`` (as text, three characters or more) in ``text`` by ``***``."""
+    for value in sorted((str(v) for v in values if not isinstance(v, bool)), key=len, reverse=True):
+        if len(value) >= 3:
+            text = text.replace(value, MASK)
+    return text
 
 
 def _refuse_unknown(given: Mapping[str, str]) -> None:

@@ -152,6 +152,10 @@ class FaultFileSystem(LocalFileSystem):
         with self._mutating("cp_file", f"{path1} -> {path2}"):
             super().cp_file(path1, path2, **kwargs)
 
+    def link(self, src: str, dst: str, **kwargs: Any) -> None:
+        with self._mutating("link", f"{src} -> {dst}"):
+            super().link(src, dst, **kwargs)
+
     def rm_file(self, path: str) -> None:
         with self._mutating("rm_file", path):
             super().rm_file(path)

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,6 +344,11 @@ class DedupFaultFileSystem(LocalFileSystem):
         with self._mutating("cp_file", described):
             super().cp_file(path1, path2, **kwargs)
 
+    def link(self, src: str, dst: str, **kwargs: Any) -> None:
+        described = f"{self._strip_protocol(src)} -> {self._strip_protocol(dst)}"
+        with self._mutating("link", described):
+            super().link(src, dst, **kwargs)
+
     def rm_file(self, path: str) -> None:
         stripped = self._strip_protocol(path)
         with self._mutating("rm_file", stripped, os.path.exists(stripped)):
@@ -381,11 +386,15 @@ def fault_url(path: Path | str) -> str:
 from pyspark import TaskContext  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
+from dedupsink.sink.commit import CommitReport  # noqa: E402
 from dedupsink.sink.datasource import (  # noqa: E402
     DedupCommitMessage,
     DedupDataSource,
     DedupStreamWriter,
 )
+from dedupsink.sink.local import LocalSink  # noqa: E402
+from dedupsink.sink.plan import SinkPlan  # noqa: E402
+from dedupsink.sink.task import TaskSummary  # noqa: E402
 
 
 class FaultyStreamWriter(DedupStreamWriter):
@@ -417,43 +426,35 @@ class FaultyDedupDataSource(DedupDataSource):
         return FaultyStreamWriter(super().streamWriter(schema, overwrite).plan)
 
 
-class InProcessSink:
-    """The Spark writer's code path without Spark's transport, in this process.
+class InProcessSink(LocalSink):
+    """The sink's code path without Spark's transport, in this process, under the fault plan.
 
-    ``start`` is what Spark does when a query (re)starts: ``DedupDataSource.streamWriter``
-    (options checked, store opened, an interrupted publication finished). ``window`` runs one
-    micro-batch the way Spark would: ``run_task`` once per partition (rows dealt round-robin),
-    each in a ``task`` fault scope, then the writer's ``commit`` in a ``commit`` scope."""
+    ``start`` is what Spark does when a query (re)starts (options checked, store opened; a new
+    run of the query). ``window`` runs one micro-batch the way Spark would: a task per partition
+    (rows dealt round-robin), each in a ``task`` fault scope, then the commit in a ``commit``
+    scope."""
 
     def __init__(
         self, output: str, options: Mapping[str, str], schema: pa.Schema, query_id: str = "query"
     ) -> None:
-        self.source = DedupDataSource({"path": output, **options})
-        self.schema = schema
-        self.query_id = query_id
-        self.writer: DedupStreamWriter | None = None
+        super().__init__({"path": output, **options}, schema, query_id)
 
-    def start(self) -> DedupStreamWriter:
-        from pyspark.sql.pandas.types import from_arrow_schema
-
+    def start(self, run: str | None = None) -> SinkPlan:
         with fault_scope("start", -1):
-            self.writer = self.source.streamWriter(from_arrow_schema(self.schema), False)
-        return self.writer
+            return super().start(run)
 
-    def window(self, batch_id: int, table: pa.Table, partitions: int = 1, attempt: int = 0) -> None:
-        from dedupsink.sink.task import TaskIdentity, run_task
+    def task(
+        self, batch_id: int, partition: int, batches: Iterable[pa.RecordBatch], attempt: int = 0
+    ) -> TaskSummary:
+        with fault_scope("task", batch_id, partition):
+            return super().task(batch_id, partition, batches, attempt)
 
-        writer = self.writer or self.start()
-        summaries = []
-        for partition in range(partitions):
-            rows = table.take(pa.array(range(partition, table.num_rows, partitions), pa.int64()))
-            identity = TaskIdentity(self.query_id, batch_id, partition, attempt)
-            with fault_scope("task", batch_id, partition):
-                summaries.append(run_task(writer.plan, identity, iter(rows.to_batches())))
+    def commit(self, batch_id: int, summaries: Sequence[TaskSummary | None]) -> CommitReport | None:
         with fault_scope("commit", batch_id):
             at_point("before-commit")
-            writer.commit([DedupCommitMessage(s) for s in summaries], batch_id)
+            report = super().commit(batch_id, summaries)
             at_point("after-commit")
+        return report
 
 
 # -- running the driver script ------------------------------------------------------------------
@@ -622,20 +623,28 @@ def rows_by_port(output: Path) -> dict[str, list[int]]:
     return out
 
 
+def spark_listed_names(port_dir: Path) -> set[str]:
+    """The files Spark's readers list a port through: the latest compaction entry, then the
+    entries after it (each entry's lines after its ``v1`` header)."""
+    log_dir = port_dir / "_spark_metadata"
+    if not log_dir.exists():
+        return set()
+    entries = {int(p.name.split(".")[0]): p for p in log_dir.iterdir() if p.name[0].isdigit()}
+    compactions = [i for i, p in entries.items() if p.name.endswith(".compact")]
+    first = max(compactions) if compactions else 0
+    names: set[str] = set()
+    for log_id in sorted(i for i in entries if i >= first):
+        lines = entries[log_id].read_text().splitlines()
+        names.update(json.loads(x)["path"].rsplit("/", 1)[-1] for x in lines[1:] if x)
+    return names
+
+
 def logged_rows_by_port(output: Path) -> dict[str, list[int]]:
     """Row ids of each port as Spark's file-sink log lists them (what spark.read.parquet sees)."""
     out: dict[str, list[int]] = {}
     for port in PORTS:
-        log_dir = output / port / "_spark_metadata"
         rids: list[int] = []
-        names: set[str] = set()
-        if log_dir.exists():
-            for entry in sorted(log_dir.iterdir()):
-                if not entry.name.split(".")[0].isdigit():
-                    continue
-                lines = entry.read_text().splitlines()
-                names.update(json.loads(x)["path"].rsplit("/", 1)[-1] for x in lines[1:] if x)
-        for name in sorted(names):
+        for name in sorted(spark_listed_names(output / port)):
             rids.extend(pq.read_table(output / port / name).column("rid").to_pylist())
         out[port] = sorted(rids)
     return out

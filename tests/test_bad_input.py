@@ -213,20 +213,14 @@ def test_nan_and_infinities_in_an_ordered_expiry_key_are_errors_that_move_nothin
 def test_unsigned_ordered_values_beyond_int64_are_errors_not_a_crash(tmp_path: Path) -> None:
     """Spark has no unsigned types (its Arrow conversion refuses uint64), so this runs the
     tasks and commit on a plan built directly: a value beyond int64 is an error row."""
-    from dedupsink.engine.settings import resolve
-    from dedupsink.options import DedupOptions
-    from dedupsink.sink.commit import commit_window
-    from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+    from dedupsink.sink.local import LocalSink
 
     schema = pa.schema([("rid", pa.int64()), ("id", pa.int64()), ("n", pa.uint64())])
-    options = DedupOptions.parse(
-        {"path": str(tmp_path / "out"), "keys": "id", "expiryKey": "n", "expiryPeriod": "10"}
-    )
-    plan = SinkPlan(options, resolve(options, schema), schema)
+    options = {"path": str(tmp_path / "out"), "keys": "id", "expiryKey": "n", "expiryPeriod": "10"}
+    sink = LocalSink(options, schema)
     windows = [rows(schema, (0, 1, 5), (1, 2, 2**64 - 1), (2, 3, 2**63)), rows(schema, (3, 1, 5))]
     for batch, table in enumerate(windows):
-        summary = run_task(plan, TaskIdentity("q", batch, 0, 0), iter(table.to_batches()))
-        commit_window(plan, [summary], batch)
+        sink.window(batch, table)
     found = outcome(tmp_path / "out")
     assert ports_of(found) == {0: "unique", 1: "error", 2: "error", 3: "duplicate"}
     assert found[1][1] == "expiry value in 'n' is not a valid ordered value"

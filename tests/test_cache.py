@@ -30,12 +30,14 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.options import DedupOptions
 from dedupsink.sink.commit import commit_window
-from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+from dedupsink.sink.plan import SinkPlan, TaskIdentity
+from dedupsink.sink.task import run_task
 from dedupsink.store.cache import BucketCache, BucketManager, CachedBucket, manager_for
 from dedupsink.store.format import Manifest, encode_segments
 from dedupsink.store.store import BucketStore, window_file_name
 
 QUERY = "cache-query"
+RUN = "cache-run"
 UNBOUNDED = 1 << 16
 WINDOWS = 12
 
@@ -100,7 +102,7 @@ class FilledStore:
 
 def make_plan(root: Path, schema: pa.Schema, **raw: str) -> SinkPlan:
     options = DedupOptions.parse({"path": str(root), **raw})
-    return SinkPlan(options, resolve(options, schema), schema)
+    return SinkPlan(options, resolve(options, schema), schema, RUN)
 
 
 def window_ids(rng: random.Random, window: int) -> list[int]:
@@ -157,14 +159,14 @@ def fill(root: Path, mode: str, seed: int = 3) -> FilledStore:
         for capacity, manager in filled.managers.items():
             filled.answers[capacity].append(classify(plan, manager, manifest, tasks))
         summaries = [
-            run_task(plan, TaskIdentity(QUERY, window, p, 0), iter([batch_of(t, plan.schema)]))
+            run_task(plan, TaskIdentity(QUERY, RUN, window, p, 0), iter([batch_of(t, plan.schema)]))
             for p, t in enumerate(tasks)
         ]
-        filled.compacted_buckets += sum(len(s.supersedes) for s in summaries)
+        filled.compacted_buckets += sum(len(s.written.supersedes) for s in summaries if s.written)
         report = commit_window(plan, summaries, window)
         assert report is not None and report.window == window + 1
         filled.windows.append(tasks)
-        filled.committed_counts.append(report.counts)
+        filled.committed_counts.append(report.counts.as_dict())
     return filled
 
 
@@ -305,7 +307,8 @@ def remembered(manager: BucketManager, manifest: Manifest, ids: Sequence[int]) -
 
 def one_window(plan: SinkPlan, batch_id: int, ids: Sequence[int], commit: bool = True) -> None:
     rows = [MODES["basic"]["row"](i) for i in ids]
-    summary = run_task(plan, TaskIdentity(QUERY, batch_id, 0, 0), iter([batch_of(rows, SCHEMA)]))
+    identity = TaskIdentity(QUERY, RUN, batch_id, 0, 0)
+    summary = run_task(plan, identity, iter([batch_of(rows, SCHEMA)]))
     if commit:
         assert commit_window(plan, [summary], batch_id) is not None
 
@@ -317,7 +320,7 @@ def test_keys_of_an_uncommitted_task_are_not_served(tmp_path: Path) -> None:
     store = plan.store
     v1 = store.read()
     assert v1 is not None and v1.version == 1
-    assert len(store.fs.ls(store.path("data"), detail=False)) == 2
+    assert len(store.storage.entries(store.path("data"))) == 2
     # The process's own manager (the one the task used) and a fresh one agree.
     process = manager_for(store, v1, 2, None)
     for candidate in (process, BucketManager(store, BucketCache(64), None)):
@@ -368,12 +371,13 @@ import sys
 import pyarrow as pa
 from dedupsink.engine.settings import resolve
 from dedupsink.options import DedupOptions
-from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+from dedupsink.sink.plan import SinkPlan, TaskIdentity
+from dedupsink.sink.task import run_task
 
 batch = pa.record_batch({"id": pa.array(range(100), pa.int64())})
 options = DedupOptions.parse({"path": sys.argv[1], "keys": "id"})
-plan = SinkPlan(options, resolve(options, batch.schema), batch.schema)
-run_task(plan, TaskIdentity("q", 0, 0, 0), iter([batch]))
+plan = SinkPlan(options, resolve(options, batch.schema), batch.schema, "r")
+run_task(plan, TaskIdentity("q", "r", 0, 0, 0), iter([batch]))
 print(pa.default_memory_pool().backend_name)
 """
 

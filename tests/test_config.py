@@ -32,7 +32,9 @@ from dedupsink.cli.job import prepare
 from dedupsink.cli.main import main
 from dedupsink.cli.run import checkpoint_for, failure_of, spark_master
 from dedupsink.store.format import Manifest
-from dedupsink.store.store import BucketStore, now_ms
+from dedupsink.store.ownership import now_ms
+from dedupsink.store.records import Owner
+from dedupsink.store.store import BucketStore
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "data" / "system-logs"
@@ -278,28 +280,30 @@ def owned_store(config_path: Path, owner: str) -> BucketStore:
     created = store.open(job.settings)
     owned = Manifest.from_bytes(created.to_bytes(), "test")
     owned.version = created.version + 1
-    owned.owner = {"query": owner, "heartbeat_ms": now_ms()}
+    owned.owner = Owner(owner, "run-1", now_ms(), 10_000, owned.version)
     store.commit(owned)
     return store
 
 
-def test_lease_blocks_run_until_released(
+def test_inspect_shows_the_owner_and_release_gives_the_store_up(
     write_config: WriteConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write_config()
     store = owned_store(path, "query-elsewhere")
-    assert main(["run", str(path)]) == 1
-    line = one_error_line(capsys)
-    assert "owned by streaming query query-elsewhere" in line and "dedupsink release" in line
-
     assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["owner"]["query"] == "query-elsewhere"
+    owner = json.loads(capsys.readouterr().out)["owner"]
+    assert (owner["query"], owner["run"], owner["lease_live"]) == ("query-elsewhere", "run-1", True)
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert "a new query waits up to 10s for the lease to lapse" in capsys.readouterr().out
     assert main(["release", store.url]) == 0
     assert "owned by query query-elsewhere" in capsys.readouterr().out
     assert main(["release", str(tmp_path / "out")]) == 0
     assert "nothing to release" in capsys.readouterr().out
     manifest = store.read()
     assert manifest is not None and manifest.owner is None
+    assert [(f.query, f.run, f.by) for f in manifest.fenced] == [
+        ("query-elsewhere", "run-1", "release")
+    ]
 
 
 def test_inspect_a_new_store(

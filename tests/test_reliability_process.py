@@ -49,7 +49,8 @@ from faults import (
 from streams import PORT_NAMES, port_rows, reference_outputs
 
 import dedupsink
-from dedupsink.store.store import BucketStore, now_ms
+from dedupsink.store.ownership import now_ms
+from dedupsink.store.store import BucketStore
 
 MAX_RUNS = 60
 
@@ -152,7 +153,7 @@ def test_spark_worker_killed_mid_write_and_driver_killed_around_the_commit_lose_
             # A task of window 1 dies after staging every port, writing its new keys.
             FaultPoint("worker-keys", "task", batch=1, op="open(wb)", path_part="/data/"),
             FaultPoint("driver-before", "before-commit", batch=1),
-            FaultPoint("driver-inside", "commit", batch=2, op="pipe_file", path_part="expired/_s"),
+            FaultPoint("driver-inside", "commit", batch=2, op="link", path_part="expired/_spark"),
             FaultPoint("driver-after", "after-commit", batch=3),
         ]
     )
@@ -171,8 +172,10 @@ def test_spark_worker_killed_mid_write_and_driver_killed_around_the_commit_lose_
 
 
 def signature(step: dict[str, Any], root: Path) -> str:
-    """A commit step with window numbers and random ids blanked: the same step of any window."""
+    """A commit step with window numbers, random ids and the port blanked: the same step of any
+    window (the four ports take one code path)."""
     path = step["path"].replace(str(root.resolve()), "")
+    path = re.sub(r"/(unique|duplicate|expired|error)/", "/<port>/", path)
     return f"{step['op']} {re.sub(r'[0-9a-f]{8,}|[0-9]+', '#', path)}"
 
 
@@ -216,7 +219,7 @@ def test_driver_killed_at_every_step_of_the_commit_restarts_exactly_once(
         for p in points
     }
     kinds = {signature(s, rehearsal.output).split(" ")[0] for s in rehearsal.control.steps()}
-    assert {"pipe_file", "mv", "rm", "rm_file"} <= kinds
+    assert {"open(wb)", "link", "mv", "rm", "rm_file"} <= kinds
 
     job = Job(tmp_path / "crash", batches, engine="direct")
     # Kill again while the restarted job finishes the publication a kill interrupted (at the
@@ -272,41 +275,41 @@ def test_release_of_an_owner_killed_mid_publication_keeps_its_window(tmp_path: P
     assert_reference(owner.output, every, commit_order(owner.output, every))
 
 
-def test_second_query_starting_while_the_owner_publishes_leaves_the_owner_alone(
-    tmp_path: Path,
-) -> None:
-    """A second query starting on a store whose owner is alive, half-way through publishing a
-    window, fails with the ownership error and touches nothing; the owner then completes."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from dedupsink.errors import StoreOwnershipError
-    from dedupsink.sink.datasource import DedupDataSource
-    from dedupsink.sink.task import TaskIdentity, run_task
+def test_a_paused_owner_whose_store_was_taken_over_cannot_commit(tmp_path: Path) -> None:
+    """A zombie: the owner pauses just before its commit point (a long GC pause, a stopped
+    VM); its lease lapses and another query takes the store over and commits. Resumed, the owner
+    finds its version taken (the conditional create fails) and stops, naming the other query;
+    restarted from its checkpoint it continues, and every row is in one port exactly once."""
+    from dedupsink.sink.local import LocalSink
 
     owner = Job(tmp_path, 4, engine="direct", query_id="owner")
+    owner.config["options"]["ownerTimeout"] = "2 s"
     owner.control.set_points(
-        [
-            FaultPoint(
-                "hold", "commit", batch=2, op="mv", path_part="/duplicate/part-", action="pause"
-            )
-        ]
+        [FaultPoint("hold", "commit", batch=2, op="open(wb)", path_part="/_log/.", action="pause")]
     )
     running = DriverProcess({**owner.config, "attempt": 0}, owner.control, tmp_path)
+    intruder_input = ordered_batch(9)
     try:
-        wait_for(lambda: owner.control.is_paused("hold"), 120, "the owner to reach its publication")
-        before = listing(owner.output)
-        source = DedupDataSource({"path": str(owner.output), **ORDERED_OPTIONS})
-        writer = source.streamWriter(from_arrow_schema(ordered_batch(0).schema), False)
-        identity = TaskIdentity("intruder", 0, 0, 0)
-        with pytest.raises(StoreOwnershipError, match="is owned by streaming query owner"):
-            run_task(writer.plan, identity, iter(ordered_batch(9).to_batches()))
-        assert listing(owner.output) == before
+        wait_for(lambda: owner.control.is_paused("hold"), 120, "the owner to reach its commit")
+        intruder = LocalSink(
+            {"path": str(owner.output), **ORDERED_OPTIONS}, intruder_input.schema, "intruder"
+        )
+        started = now_ms()
+        report = intruder.window(0, intruder_input)  # waits out the owner's 2 s lease
+        assert report is not None and report.window == 3
+        assert now_ms() - started < 10_000
     finally:
         owner.control.resume("hold")
-    done = running.wait()
+    zombie = running.wait()
+    assert zombie.returncode == 1
+    assert "StoreConflictError" in zombie.result["error"]
+    assert "committed it first" in zombie.result["error"] and "intruder" in zombie.result["error"]
+    dedupsink.release(str(owner.output))
+    done = owner.run()
     assert done.returncode == 0, f"{done.result}\n{done.stderr}"
+    every = [*owner.inputs, intruder_input]
     visible = rows_by_port(owner.output)
-    assert_exactly_once(visible, owner.inputs)
+    assert_exactly_once(visible, every)
     assert logged_rows_by_port(owner.output) == visible
 
 
@@ -326,7 +329,7 @@ def wait_for_lease_to_lapse(output: Path, seconds: float) -> None:
         owner = manifest.owner
         if owner is None:
             return True
-        return now_ms() - int(owner["heartbeat_ms"]) > seconds * 1000 + 200
+        return now_ms() - owner.heartbeat_ms > seconds * 1000 + 200
 
     wait_for(lapsed, 60, "the owner lease to lapse")
 

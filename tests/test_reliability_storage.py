@@ -47,8 +47,12 @@ from faults import (
 from streams import PORT_NAMES, port_rows, reference_outputs
 
 from dedupsink.errors import StoreCorruptError
-from dedupsink.sink import task as task_module
-from dedupsink.store.store import BucketStore
+from dedupsink.sink import settle as settle_module
+from dedupsink.sink.output import Output
+from dedupsink.sink.plan import TaskIdentity
+from dedupsink.sink.repair import repair
+from dedupsink.sink.task import run_task
+from dedupsink.store.store import GARBAGE_EVERY, KEEP_MANIFESTS, BucketStore
 
 WINDOWS = 18
 FAULTED = 15  # its commit makes version 16: garbage collection and the periodic sweeps
@@ -73,14 +77,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     stale staging directory (a task of another query that never committed)."""
     root = tmp_path_factory.mktemp("storage-template")
     ghost = InProcessSink(fault_url(root / "out"), ORDERED_OPTIONS, ROW_SCHEMA, "ghost")
-    from dedupsink.sink.task import TaskIdentity, run_task
-
-    writer = ghost.start()
-    run_task(writer.plan, TaskIdentity("ghost", 0, 0, 0), iter(INPUTS[3].to_batches()))
+    ghost.task(0, 0, INPUTS[3].to_batches())
     sink = sink_at(root)
     for batch in range(FAULTED):
         sink.window(batch, INPUTS[batch], PARTITIONS)
-    assert list((root / "out" / "_staging").glob("ghost-*"))
+    assert list((root / "out" / "_staging").glob("*-ghost-*"))
     return root
 
 
@@ -120,7 +121,7 @@ def assert_complete(out: Path) -> None:
     assert {port: port_rows(out, port, ["id", "n"]) for port in PORT_NAMES} == dict(expected)
     # The ghost's leftovers go at the next sweep (version 16, or 32 if a fault hit that commit
     # before its sweep: see test_store_cleanup_failures_are_retried_by_a_later_sweep).
-    assert [path for path in stray_files(out) if "/ghost-" not in f"/{path}"] == []
+    assert [path for path in stray_files(out) if "-ghost-" not in path] == []
 
 
 def faulted_steps(template: Path, tmp_path: Path, ctl: Control) -> list[dict[str, Any]]:
@@ -138,16 +139,19 @@ def test_every_failing_write_rename_and_delete_of_a_batch_fails_it_and_a_rerun_l
     template: Path, tmp_path: Path, ctl: Control, settled_by: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if settled_by == "commit":  # as when the two tasks finish too close to see each other's keys
-        monkeypatch.setattr(task_module, "SETTLE_WITH_AT_MOST", 0)
+        monkeypatch.setattr(settle_module, "SETTLE_WITH_AT_MOST", 0)
     steps = faulted_steps(template, tmp_path, ctl)
     ops = {s["op"] for s in steps}
-    assert {"open(wb)", "pipe_file", "mv", "rm", "rm_file", "makedirs"} <= ops, ops
+    assert {"open(wb)", "pipe_file", "link", "mv", "rm", "rm_file", "makedirs"} <= ops, ops
     assert {s["kind"] for s in steps} == {"task", "commit"}
     # A key found new by both partitions: the later task yields its row, or else the commit
     # rewrites a staged file. The commit also sweeps leftovers.
-    rewrites = any(s["kind"] == "commit" and s["op"] == "open(wb)" for s in steps)
+    rewrites = any(
+        s["kind"] == "commit" and s["op"] == "open(wb)" and s["path"].endswith(".parquet")
+        for s in steps
+    )
     assert rewrites == (settled_by == "commit")
-    assert any(s["op"] == "rm" and "ghost-" in s["path"] for s in steps)
+    assert any(s["op"] == "rm" and "-ghost-" in s["path"] for s in steps)
     outcomes: dict[str, int] = {}
     for case, step in enumerate(steps):
         error = errno.EIO if case % 5 == 4 else errno.ENOSPC
@@ -193,7 +197,7 @@ def test_store_cleanup_failures_are_retried_by_a_later_sweep(
     so the store's file count stays bounded."""
     steps = faulted_steps(template, tmp_path, ctl)
     deletes = [s for s in steps if s["kind"] == "commit" and s["op"] in ("rm_file", "rm")]
-    cleanup = [s for s in deletes if "/_staging/query-" not in s["path"]]
+    cleanup = [s for s in deletes if f"-query-{FAULTED}" not in s["path"]]
     assert cleanup, deletes
     for case, step in enumerate(cleanup):
         root = copy_of(template, tmp_path / f"cleanup-{case}")
@@ -217,8 +221,8 @@ def test_store_cleanup_failures_are_retried_by_a_later_sweep(
         referenced = set(manifest.files) | {name for name, _ in manifest.tombstones}
         on_disk = {p.name for p in (root / "out" / "_store" / "data").iterdir()}
         assert on_disk <= referenced, f"{step['path']}: left {on_disk - referenced}"
-        assert not list((root / "out" / "_staging").glob("ghost-*"))
-        assert len(store.versions()) <= 16
+        assert not list((root / "out" / "_staging").glob("*-ghost-*"))
+        assert len(store.versions()) <= KEEP_MANIFESTS + GARBAGE_EVERY
         shutil.rmtree(root)
 
 
@@ -337,11 +341,9 @@ def test_damaged_manifest_stops_the_query_at_start_and_tasks_naming_the_file(
     damage(latest, how)
     with pytest.raises(StoreCorruptError, match=re.escape(str(latest))):
         sink_at(tmp_path).start()
-    from dedupsink.sink.task import TaskIdentity, run_task
-
-    assert sink.writer is not None
+    plan = sink.plan
     with pytest.raises(StoreCorruptError, match=re.escape(str(latest))):
-        run_task(sink.writer.plan, TaskIdentity("query", 4, 0, 0), iter(INPUTS[4].to_batches()))
+        run_task(plan, TaskIdentity("query", plan.run, 4, 0, 0), iter(INPUTS[4].to_batches()))
 
 
 def test_manifest_rollback_procedure_recovers_a_damaged_latest_manifest(
@@ -367,9 +369,8 @@ def roll_back_window(out: Path, version: int, aside: Path) -> None:
     """Steps 2-4 of the manifest recovery in docs/RELIABILITY.md (the test's copy of them)."""
     aside.mkdir()
     log = out / "_store" / "_log"
-    for name in (f"{version:012d}.manifest", f"{version:012d}.published"):
-        if (log / name).exists():
-            shutil.move(log / name, aside / name)
+    name = f"{version:012d}.manifest"
+    shutil.move(log / name, aside / name)
     for port in PORTS:
         for part in (out / port).glob(f"part-{version:010d}-*.parquet"):
             shutil.move(part, aside / f"{port}-{part.name}")
@@ -396,27 +397,69 @@ PORT_LOG_DAMAGE = {
 
 
 @pytest.mark.parametrize("how", sorted(PORT_LOG_DAMAGE))
-def test_damaged_port_log_entry_is_detected_at_the_next_compaction_and_repaired(
+def test_damaged_port_log_entry_is_found_and_rewritten_by_repair(
     tmp_path: Path, ctl: Control, how: str
 ) -> None:
-    """A damaged ``<port>/_spark_metadata/<n>`` would make Spark's readers miss files, and the
-    next compaction would copy the damage forward: the compaction refuses it, naming the entry;
-    ``repair_port_log`` rewrites it from the store's publication plans; nothing is lost."""
-    from dedupsink.sink.commit import repair_port_log
-    from dedupsink.sink.ports import Output
+    """A damaged ``<port>/_spark_metadata/<n>`` makes Spark's readers fail or miss files
+    (pyarrow reads the directory and is not affected): ``repair`` finds it (a dry run changes
+    nothing) and rewrites it from the store's publication records; nothing is lost."""
+    sink = committed_sink(tmp_path, 5)
+    out = tmp_path / "out"
+    entry = out / "unique" / "_spark_metadata" / "3"
+    intact = entry.read_text()
+    entry.write_text(PORT_LOG_DAMAGE[how](intact))
+    store, output = BucketStore(str(out / "_store")), Output(fault_url(out))
+    found = repair(store, output, dry_run=True)
+    assert [(r.port, r.log_id) for r in found] == [("unique", 3)]
+    assert entry.read_text() != intact
+    assert [(r.port, r.log_id) for r in repair(store, output)] == [("unique", 3)]
+    assert entry.read_text() == intact
+    assert repair(store, output) == []
+    for batch in range(5, WINDOWS):
+        sink.window(batch, INPUTS[batch], PARTITIONS)
+    assert_complete(out)
 
+
+@pytest.mark.parametrize("how", sorted(PORT_LOG_DAMAGE))
+def test_damaged_delta_entry_is_superseded_by_the_next_compaction(
+    tmp_path: Path, ctl: Control, how: str
+) -> None:
+    """The next compaction entry is built from the store's records of what it published, so it
+    lists every file whatever became of the entries it replaces."""
     sink = committed_sink(tmp_path, 5)
     out = tmp_path / "out"
     entry = out / "unique" / "_spark_metadata" / "3"
     entry.write_text(PORT_LOG_DAMAGE[how](entry.read_text()))
-    for batch in range(5, 9):
-        sink.window(batch, INPUTS[batch], PARTITIONS)
-    with pytest.raises(StoreCorruptError, match=re.escape(str(entry))):
-        sink.window(9, INPUTS[9], PARTITIONS)  # log id 9: the compaction reads entries 0-8
-    repaired = repair_port_log(BucketStore(str(out / "_store")), Output(fault_url(out)), "unique")
-    assert repaired == [3]
-    sink = sink_at(tmp_path)
-    sink.start()
-    for batch in range(9, WINDOWS):
+    for batch in range(5, WINDOWS):  # log id 9 is the first compaction
         sink.window(batch, INPUTS[batch], PARTITIONS)
     assert_complete(out)
+
+
+def test_damaged_compaction_entry_is_refused_at_the_next_compaction_naming_it(
+    tmp_path: Path, ctl: Control
+) -> None:
+    """A compaction entry is the only list of the files before it: copying it forward damaged
+    would hide them from Spark's readers for good, so the next compaction refuses it."""
+    sink = committed_sink(tmp_path, 12)
+    out = tmp_path / "out"
+    entry = out / "unique" / "_spark_metadata" / "9.compact"
+    entry.write_text(PORT_LOG_DAMAGE["line dropped"](entry.read_text()))
+    for batch in range(12, 19):
+        table = INPUTS[batch] if batch < WINDOWS else ordered_batch(batch)
+        sink.window(batch, table, PARTITIONS)
+    with pytest.raises(StoreCorruptError, match=re.escape(str(entry))):
+        sink.window(19, ordered_batch(19), PARTITIONS)  # log id 19 repeats 9.compact
+    # Window 19 was committed; its publication stopped at the unique port's compaction. The
+    # repair rewrites entry 9, then writes the entries that publication left unwritten.
+    repaired = repair(BucketStore(str(out / "_store")), Output(fault_url(out)))
+    assert [(r.port, r.log_id) for r in repaired] == [
+        ("unique", 9),
+        ("duplicate", 19),
+        ("error", 19),
+        ("expired", 19),
+        ("unique", 19),
+    ]
+    sink.window(19, ordered_batch(19), PARTITIONS)  # the re-run of the batch changes nothing
+    inputs = [*INPUTS, ordered_batch(18), ordered_batch(19)]
+    assert_exactly_once(rows_by_port(out), inputs)
+    assert logged_rows_by_port(out) == rows_by_port(out)

@@ -41,7 +41,7 @@ from streams import (
 
 import dedupsink
 from dedupsink.sink.datasource import DedupCommitMessage, DedupDataSource, DedupStreamWriter
-from dedupsink.sink.task import SinkPlan
+from dedupsink.sink.plan import SinkPlan
 
 COLUMNS = ("id", "seq", "body")
 ORDERED = {"keys": "id", "expiryKey": "seq", "expiryPeriod": "10"}
@@ -151,29 +151,6 @@ def test_fresh_checkpoint_after_release_finds_every_reread_row_duplicate_or_expi
         second["expired"] - first["expired"]
     ) == reread
     check_ports(spark, output, COLUMNS, 2 * len(data))
-
-
-@pytest.mark.spark
-def test_second_query_on_an_owned_store_fails_fast_and_publishes_nothing(
-    spark: Any, workdir: Path
-) -> None:
-    data, output = events(), workdir / "out"
-    write_batches(workdir / "in", data[:2])
-    run_stream(spark, workdir / "in", output, ORDERED, workdir / "chk-1")
-    before = port_listing(output)
-    store_versions = sorted((output / "_store" / "_log").glob("*.manifest"))
-    with pytest.raises(StreamingQueryException) as caught:
-        start_stream(
-            spark, workdir / "in", {"path": str(output), **ORDERED}, workdir / "chk-2"
-        ).awaitTermination()
-    message = str(caught.value)
-    assert "StoreOwnershipError" in message
-    assert "is owned by streaming query" in message
-    assert "dedupsink release" in message
-    assert port_listing(output) == before
-    assert sorted((output / "_store" / "_log").glob("*.manifest")) == store_versions
-    assert not staged_files(output)
-    check_ports(spark, output, COLUMNS, 2)
 
 
 # -- in a child process with task retries (local[2,2]) ---------------------------------------

@@ -34,9 +34,11 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import DedupOptions
+from dedupsink.sink import settle as settle_module
 from dedupsink.sink import task as task_module
 from dedupsink.sink.commit import CommitReport, commit_window
-from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, run_task
+from dedupsink.sink.plan import SinkPlan, TaskIdentity
+from dedupsink.sink.task import TaskSummary, run_task
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import (
     WINDOW_MAGIC,
@@ -48,7 +50,20 @@ from dedupsink.store.format import (
     decode_segment,
     encode_segments,
 )
-from dedupsink.store.store import KEEP_MANIFESTS, TOMBSTONE_GRACE_VERSIONS, BucketStore
+from dedupsink.store.records import (
+    LogEntry,
+    Move,
+    Owner,
+    Publication,
+    WindowCounts,
+    WindowRecord,
+)
+from dedupsink.store.store import (
+    GARBAGE_EVERY,
+    KEEP_MANIFESTS,
+    TOMBSTONE_GRACE_VERSIONS,
+    BucketStore,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int64())])
 ORDERED = {"keys": "id", "expiryKey": "n", "expiryPeriod": "10", "bucketSpan": "5"}
@@ -68,9 +83,16 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         fs.rm(path, recursive=True)
 
 
+RUN = "run-1"
+
+
 def make_plan(root: str, **raw: str) -> SinkPlan:
     options = DedupOptions.parse({"path": root, **(raw or ORDERED)})
-    return SinkPlan(options, resolve(options, SCHEMA), SCHEMA)
+    return SinkPlan(options, resolve(options, SCHEMA), SCHEMA, RUN)
+
+
+def counts(unique: int = 0, duplicate: int = 0, expired: int = 0, error: int = 0) -> WindowCounts:
+    return WindowCounts(unique, duplicate, expired, error)
 
 
 def rows(ids: Sequence[int | None], ns: Sequence[int | None]) -> pa.RecordBatch:
@@ -81,7 +103,7 @@ def run_tasks(
     plan: SinkPlan, batch_id: int, partitions: Sequence[Sequence[pa.RecordBatch]]
 ) -> list[TaskSummary]:
     return [
-        run_task(plan, TaskIdentity(QUERY, batch_id, partition, 0), iter(batches))
+        run_task(plan, TaskIdentity(QUERY, RUN, batch_id, partition, 0), iter(batches))
         for partition, batches in enumerate(partitions)
     ]
 
@@ -109,20 +131,17 @@ def key_summary(keys: dict[int, KeySet]) -> dict[int, list[tuple[int, int, float
 
 
 def data_files(store: BucketStore) -> set[str]:
-    try:
-        return {n.rstrip("/").rsplit("/", 1)[-1] for n in store.fs.ls(store.path("data"), False)}
-    except FileNotFoundError:
-        return set()
+    return set(store.storage.entries(store.path("data")))
 
 
 def flip_byte(store: BucketStore, path: str, position: int) -> None:
-    data = bytearray(store.fs.cat_file(path))
+    data = bytearray(store.storage.read(path))
     data[position] ^= 0x40
-    store.fs.pipe_file(path, bytes(data))
+    store.storage.fs.pipe_file(path, bytes(data))
 
 
 def truncate(store: BucketStore, path: str, keep: int) -> None:
-    store.fs.pipe_file(path, store.fs.cat_file(path)[:keep])
+    store.storage.fs.pipe_file(path, store.storage.read(path)[:keep])
 
 
 # -- creating, opening, settings ----------------------------------------------------------
@@ -213,12 +232,18 @@ def rich_manifest(version: int, settings: Settings) -> Manifest:
             segment.file: WindowFile(segment.file, 1, 0, 2, 56, [3], 41.0, ["b"]),
         },
         buckets={3: [segment]},
-        owner={"query": QUERY, "heartbeat_ms": 1},
+        owner=Owner(QUERY, RUN, 1, 10_000, 1),
         queries={QUERY: 7},
         tombstones=[("w0000000000-p00001-def.keys", version)],
         ports={"unique": PortState(3, 2, 10)},
-        publish={"window": version, "token": "t", "moves": [["a", "b"]], "logs": {}},
-        last_window={"window": version, "counts": {"unique": 1}},
+        publication=Publication(
+            version,
+            "_staging/w1-q-7",
+            5,
+            (Move("a", "b", 10),),
+            (LogEntry("unique", 2, ("b",), 2),),
+        ),
+        last_window=WindowRecord(version, QUERY, 7, counts(unique=1)),
         totals={"remembered": 2},
     )
 
@@ -251,7 +276,7 @@ def test_fields_set_on_a_read_manifest_do_not_reach_the_next_read(root: str) -> 
     committed.owner = None  # the committer's object, after the commit
     first = plan.store.read()
     assert first is not None
-    first.version, first.publish = 7, None
+    first.version, first.publication = 7, None
     assert plan.store.read() == rich_manifest(1, plan.settings)
 
 
@@ -260,8 +285,20 @@ def test_committing_an_existing_version_is_a_conflict(root: str) -> None:
     store = plan.store
     store.open(plan.settings)
     store.commit(rich_manifest(1, plan.settings))
-    with pytest.raises(StoreConflictError):
-        store.commit(rich_manifest(1, plan.settings))
+    other = rich_manifest(1, plan.settings)
+    other.committed_ms += 1
+    with pytest.raises(StoreConflictError, match=f"already has version 1: query {QUERY}"):
+        store.commit(other)
+    assert store.read() == rich_manifest(1, plan.settings)
+
+
+def test_a_create_repeated_after_its_reply_was_lost_is_not_a_conflict(root: str) -> None:
+    """A retried create finds the version present; if the bytes are its own, it committed."""
+    plan = make_plan(root)
+    store = plan.store
+    store.open(plan.settings)
+    store.commit(rich_manifest(1, plan.settings))
+    store.commit(rich_manifest(1, plan.settings))
     assert store.read() == rich_manifest(1, plan.settings)
 
 
@@ -269,14 +306,14 @@ def test_commit_leaves_no_temporary_files(root: str) -> None:
     plan = make_plan(root)
     plan.store.open(plan.settings)
     run_window(plan, 0, [rows([1, 2], [1, 2])])
-    names = [n.rsplit("/", 1)[-1] for n in plan.store.fs.ls(plan.store.path("_log"), False)]
+    names = list(plan.store.storage.entries(plan.store.path("_log")))
     assert not [n for n in names if n.endswith(".tmp")]
 
 
 def test_windows_commit_versions_and_reopen_with_their_keys(root: str) -> None:
     plan = make_plan(root)
     report = run_window(plan, 0, [rows([1, 2, 2, None], [1, 2, 2, 3])])
-    assert report.counts == {"unique": 2, "duplicate": 1, "expired": 0, "error": 1}
+    assert report.counts == counts(unique=2, duplicate=1, error=1)
     run_window(plan, 1, [rows([1, 3], [1, 4])])
     store = BucketStore(plan.options.store_path)
     manifest = store.read()
@@ -294,30 +331,33 @@ def test_an_older_version_stays_readable_after_the_next_commit(root: str) -> Non
     v1 = store.read()
     assert v1 is not None
     before = key_summary(all_keys(store, v1, plan.settings))
-    raw_before = store.fs.cat_file(store.manifest_path(1))
+    raw_before = store.storage.read(store.manifest_path(1))
     # Version 2 moves the latest point far ahead, which drops version 1's window file.
     run_window(plan, 1, [rows([4, 5], [40, 41])])
     v2 = store.read()
     assert v2 is not None and v2.version == 2
     assert not set(v1.files) & set(v2.files)
-    assert store.fs.cat_file(store.manifest_path(1)) == raw_before
+    assert store.storage.read(store.manifest_path(1)) == raw_before
     again = store.read(1)
     assert again == v1
     assert key_summary(all_keys(store, again, plan.settings)) == before
 
 
-def test_old_manifests_beyond_the_kept_number_are_deleted(root: str) -> None:
+def test_old_manifests_beyond_the_kept_number_are_deleted_in_batches(root: str) -> None:
     plan = make_plan(root)
     store = plan.store
     manifest = store.open(plan.settings)
-    for version in range(1, KEEP_MANIFESTS + 3):
+    last = 2 * GARBAGE_EVERY + 1
+    for version in range(1, last + 1):
         manifest = Manifest.from_bytes(manifest.to_bytes(), "m")
         manifest.version = version
         store.commit(manifest)
         store.collect_garbage(manifest)
-    versions = store.versions()
-    assert versions[-1] == KEEP_MANIFESTS + 2
-    assert versions == list(range(3, KEEP_MANIFESTS + 3))  # the last KEEP_MANIFESTS
+        if version == GARBAGE_EVERY + 1:
+            # Version 16's collection deleted version 0 only; nothing since.
+            assert store.versions() == list(range(1, version + 1)), "deleted between batches"
+    # The collection at version 32 kept the last KEEP_MANIFESTS (17 to 32).
+    assert store.versions() == list(range(2 * GARBAGE_EVERY - KEEP_MANIFESTS + 1, last + 1))
     assert store.read() == manifest
 
 
@@ -387,13 +427,17 @@ def committed_with_keys(root: str) -> tuple[SinkPlan, BucketStore, Manifest, str
     return plan, store, manifest, store.data_path(name)
 
 
+def url(store: BucketStore, path: str) -> str:
+    return store.storage.full_url(path)
+
+
 def test_bit_flipped_window_file_is_corrupt_naming_the_path(root: str) -> None:
     plan, store, manifest, path = committed_with_keys(root)
     flip_byte(store, path, len(WINDOW_MAGIC) + 5)
     with pytest.raises(StoreCorruptError) as caught:
         all_keys(store, manifest, plan.settings)
-    assert caught.value.path == path
-    assert path in str(caught.value)
+    assert caught.value.path == url(store, path)
+    assert url(store, path) in str(caught.value)
 
 
 def test_truncated_window_file_is_corrupt_naming_the_path(root: str) -> None:
@@ -401,15 +445,15 @@ def test_truncated_window_file_is_corrupt_naming_the_path(root: str) -> None:
     truncate(store, path, len(WINDOW_MAGIC) + 30)
     with pytest.raises(StoreCorruptError) as caught:
         all_keys(store, manifest, plan.settings)
-    assert caught.value.path == path
+    assert caught.value.path == url(store, path)
 
 
 def test_missing_window_file_is_corrupt_not_empty(root: str) -> None:
     plan, store, manifest, path = committed_with_keys(root)
-    store.fs.rm_file(path)
+    store.storage.fs.rm_file(path)
     with pytest.raises(StoreCorruptError, match="missing") as caught:
         all_keys(store, manifest, plan.settings)
-    assert caught.value.path == path
+    assert caught.value.path == url(store, path)
 
 
 def test_a_corrupt_window_file_stops_the_next_task(root: str) -> None:
@@ -427,19 +471,19 @@ def test_truncated_manifest_is_corrupt_naming_the_path(root: str, keep: int) -> 
     truncate(store, path, keep)
     with pytest.raises(StoreCorruptError) as caught:
         store.read()
-    assert caught.value.path == path
-    assert path in str(caught.value)
+    assert caught.value.path == url(store, path)
+    assert url(store, path) in str(caught.value)
 
 
 @pytest.mark.parametrize("position", [0, 5, 20, -1])
 def test_bit_flipped_manifest_is_corrupt_naming_the_path(root: str, position: int) -> None:
     _, store, manifest, _ = committed_with_keys(root)
     path = store.manifest_path(manifest.version)
-    size = len(store.fs.cat_file(path))
+    size = len(store.storage.read(path))
     flip_byte(store, path, position % size)
     with pytest.raises(StoreCorruptError) as caught:
         store.read(manifest.version)
-    assert caught.value.path == path
+    assert caught.value.path == url(store, path)
 
 
 # -- expiry and garbage -------------------------------------------------------------------
@@ -459,11 +503,14 @@ def test_expired_window_files_are_dropped_then_deleted_after_the_grace(root: str
     assert all(s.file != old for segments in dropped.buckets.values() for s in segments)
     assert (old, 2) in dropped.tombstones
     assert dropped.totals["remembered"] == 1
-    for batch_id in range(2, 2 + TOMBSTONE_GRACE_VERSIONS):
-        assert old in data_files(store), "deleted before its grace"
+    # Deleted by the first collection (every GARBAGE_EVERY versions) after its grace.
+    for batch_id in range(2, GARBAGE_EVERY):
+        assert old in data_files(store), f"deleted early, at version {batch_id}"
         run_window(plan, batch_id, [rows([10 + batch_id], [20 + batch_id])])
+    assert store.read().version == GARBAGE_EVERY  # type: ignore[union-attr]
+    assert GARBAGE_EVERY >= 2 + TOMBSTONE_GRACE_VERSIONS
     assert old not in data_files(store)
-    run_window(plan, 9, [rows([30], [30])])
+    run_window(plan, 99, [rows([99], [99])])
     latest = store.read()
     assert latest is not None
     assert all(name != old for name, _ in latest.tombstones), "a deleted file stays listed"
@@ -475,10 +522,12 @@ def test_collect_garbage_deletes_only_tombstones_past_their_grace(root: str) -> 
     manifest = store.open(plan.settings)
     for name in ("a.keys", "b.keys"):
         store.write_window_file(name, WINDOW_MAGIC)
-    manifest.version = 5
-    manifest.tombstones = [("a.keys", 3), ("b.keys", 4)]
+    manifest.version = GARBAGE_EVERY
+    manifest.tombstones = [("a.keys", GARBAGE_EVERY - 2), ("b.keys", GARBAGE_EVERY - 1)]
     assert store.collect_garbage(manifest) == ["a.keys"]
     assert data_files(store) == {"b.keys"}
+    manifest.version += 1
+    assert store.collect_garbage(manifest) == [], "collected between batches"
 
 
 def stamps_after_compaction(tmp_path: Path, **raw: str) -> tuple[list[float], list[float]]:
@@ -490,7 +539,7 @@ def stamps_after_compaction(tmp_path: Path, **raw: str) -> tuple[list[float], li
     window_stamps: list[float] = []
     for batch_id in range(12):
         summaries = run_tasks(plan, batch_id, [[rows([batch_id], [100 + batch_id])]])
-        compacted = compacted or bool(summaries[0].supersedes)
+        compacted = compacted or bool(summaries[0].written and summaries[0].written.supersedes)
         assert commit_window(plan, summaries, batch_id) is not None
         latest = store.read()
         assert latest is not None and latest.latest is not None
@@ -617,7 +666,7 @@ def port_rows(root: Path) -> dict[str, list[int]]:
 
 
 def attempt(plan: SinkPlan, partition: int, number: int, batch: pa.RecordBatch) -> TaskSummary:
-    return run_task(plan, TaskIdentity(QUERY, 0, partition, number), iter([batch]))
+    return run_task(plan, TaskIdentity(QUERY, RUN, 0, partition, number), iter([batch]))
 
 
 def staged_files(summary: TaskSummary) -> list[tuple[str, str, int]]:
@@ -628,14 +677,15 @@ def test_the_later_task_yields_the_keys_an_earlier_one_staged(tmp_path: Path) ->
     plan = make_plan(str(tmp_path / "out"))
     first = attempt(plan, 0, 0, rows([1, 2, 3, 4], [1, 1, 1, 1]))
     later = attempt(plan, 1, 0, rows([9, 3, 8, 1, 3], [1, 1, 1, 1, 1]))
-    assert (first.yielded, later.yielded) == (0, 2)  # keys 1 and 3; the second 3 is a duplicate
-    assert later.counts == {"unique": 2, "duplicate": 3, "expired": 0, "error": 0}
+    # keys 1 and 3; the second 3 is a duplicate
+    assert (first.settlement.yielded, later.settlement.yielded) == (0, 2)
+    assert later.counts == counts(unique=2, duplicate=3)
     before = staged_files(later)
     report = commit_window(plan, [first, later], 0)
     assert report is not None
     assert staged_files(later) == before  # nothing left for the commit to rewrite
     assert report.cross_partition_duplicates == 2
-    assert report.counts == {"unique": 6, "duplicate": 3, "expired": 0, "error": 0}
+    assert report.counts == counts(unique=6, duplicate=3)
     assert port_rows(tmp_path / "out") == {
         "unique": [1, 2, 3, 4, 8, 9],
         "duplicate": [1, 3, 3],
@@ -650,7 +700,7 @@ def test_keys_both_tasks_yielded_get_one_unique_row_back(tmp_path: Path) -> None
     attempt(plan, 0, 0, rows([1, 2, 3], [1, 1, 1]))  # fails after staging its keys
     other = attempt(plan, 1, 0, rows([3, 1, 7], [1, 1, 1]))
     retry = attempt(plan, 0, 1, rows([1, 2, 3], [1, 1, 1]))
-    assert (retry.yielded, other.yielded) == (2, 2)
+    assert (retry.settlement.yielded, other.settlement.yielded) == (2, 2)
     report = commit_window(plan, [retry, other], 0)
     assert report is not None
     assert report.cross_partition_duplicates == 2
@@ -667,11 +717,11 @@ def test_a_key_yielded_to_a_failed_attempt_that_the_retry_lacks_is_promoted_back
     attempt(plan, 0, 0, rows([1, 5], [1, 1]))
     other = attempt(plan, 1, 0, rows([5, 6], [1, 1]))
     retry = attempt(plan, 0, 1, rows([1, 2], [1, 1]))
-    assert (retry.yielded, other.yielded) == (0, 1)
+    assert (retry.settlement.yielded, other.settlement.yielded) == (0, 1)
     report = commit_window(plan, [retry, other], 0)
     assert report is not None
     assert report.cross_partition_duplicates == 0
-    assert report.counts == {"unique": 4, "duplicate": 0, "expired": 0, "error": 0}
+    assert report.counts == counts(unique=4)
     assert port_rows(tmp_path / "out")["unique"] == [1, 2, 5, 6]
 
 
@@ -681,8 +731,9 @@ def test_a_task_settles_only_its_last_chunk_and_the_commit_the_rest(tmp_path: Pa
     chunks = [rows([0, 1, 20], [1, 1, 1]), rows([2, 21], [1, 1])]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(task_module, "COALESCE_ROWS", 3)  # two chunks: only the last one is held
-        later = run_task(plan, TaskIdentity(QUERY, 0, 1, 0), iter(chunks))
-    assert later.yielded == 1  # key 2; keys 0 and 1 were written before the task could settle
+        later = run_task(plan, TaskIdentity(QUERY, RUN, 0, 1, 0), iter(chunks))
+    # key 2; keys 0 and 1 were written before the task could settle
+    assert later.settlement.yielded == 1
     report = commit_window(plan, [first, later], 0)
     assert report is not None
     assert report.cross_partition_duplicates == 3
@@ -706,9 +757,17 @@ CRASH_WINDOW = (
 )
 
 
+# The faulted window is the one whose commit collects garbage (every GARBAGE_EVERY versions).
+CRASH_BATCH = GARBAGE_EVERY - 1
+BEFORE = CRASH_BATCH  # the version the faulted window is classified against
+AFTER = BEFORE + 1
+
+
 class CrashScene:
-    """Three committed windows (the third's commit due to delete an expired window file) and
-    the staged, uncommitted task output of a fourth, on local disk, copied afresh per attempt."""
+    """Committed windows (one dropping an expired window file, which the faulted window's
+    commit is due to delete; then empty windows up to the version before a garbage collection)
+    and the staged, uncommitted task output of the faulted window, on local disk, copied afresh
+    per attempt."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
@@ -717,15 +776,17 @@ class CrashScene:
         run_window(plan, 0, [rows([1, 2], [0, 1])])
         run_window(plan, 1, [rows([3, 4], [20, 21])])  # drops window 1's file
         run_window(plan, 2, [rows([5], [22])])
+        for batch in range(3, CRASH_BATCH):
+            run_window(plan, batch, [rows([], [])])
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(task_module, "SETTLE_WITH_AT_MOST", 0)
-            self.summaries = run_tasks(plan, 3, CRASH_WINDOW)
+            patch.setattr(settle_module, "SETTLE_WITH_AT_MOST", 0)
+            self.summaries = run_tasks(plan, CRASH_BATCH, CRASH_WINDOW)
         store = plan.store
         committed = store.read()
-        assert committed is not None and committed.version == 3
-        self.v3 = committed
-        self.v3_keys = key_summary(all_keys(store, committed, plan.settings))
-        self.v3_ports = port_rows(self.template)
+        assert committed is not None and committed.version == BEFORE
+        self.before = committed
+        self.before_keys = key_summary(all_keys(store, committed, plan.settings))
+        self.before_ports = port_rows(self.template)
         # Window 1's file, dropped at version 2: the fourth commit is the one to delete it.
         self.doomed = {name for name, dropped in committed.tombstones if dropped == 2}
         assert self.doomed and self.doomed <= data_files(store)
@@ -742,15 +803,15 @@ class CrashScene:
         return target
 
     def commit(self, root: Path) -> CommitReport | None:
-        return commit_window(self.plan(root), copy.deepcopy(self.summaries), 3)
+        return commit_window(self.plan(root), copy.deepcopy(self.summaries), CRASH_BATCH)
 
-    def assert_v3_intact(self, root: Path) -> None:
+    def assert_before_intact(self, root: Path) -> None:
         plan = self.plan(root)
         store = plan.store
-        assert store.fs.cat_file(store.manifest_path(3)) == self.v3.to_bytes()
-        v3 = store.read(3)
-        assert v3 == self.v3
-        assert key_summary(all_keys(store, v3, plan.settings)) == self.v3_keys
+        assert store.storage.read(store.manifest_path(BEFORE)) == self.before.to_bytes()
+        before = store.read(BEFORE)
+        assert before == self.before
+        assert key_summary(all_keys(store, before, plan.settings)) == self.before_keys
 
 
 @pytest.fixture(scope="module")
@@ -767,7 +828,7 @@ def golden(crash_scene: CrashScene) -> dict[str, Any]:
     assert report.cross_partition_duplicates == 1
     store = crash_scene.plan(root).store
     manifest = store.read()
-    assert manifest is not None and manifest.version == 4
+    assert manifest is not None and manifest.version == AFTER
     return {
         "ports": port_rows(root),
         "keys": key_summary(all_keys(store, manifest, crash_scene.plan(root).settings)),
@@ -788,8 +849,8 @@ def test_crash_scene_commit_writes_renames_and_deletes(
     with FAULTS.counting():
         crash_scene.commit(root)
         operations = {operation for _, operation, _ in FAULTS.log}
-    assert {"pipe_file", "mv", "rm", "rm_file", "makedirs", "open(wb)"} <= operations
-    assert golden["counts"] == {"unique": 3, "duplicate": 2, "expired": 1, "error": 1}
+    assert {"link", "mv", "rm", "makedirs", "open(wb)"} <= operations
+    assert golden["counts"] == counts(unique=3, duplicate=2, expired=1, error=1)
     assert golden["ports"] == {
         "unique": [1, 2, 3, 4, 5, 6, 7, 8],
         "duplicate": [5, 7],
@@ -812,21 +873,21 @@ def test_a_commit_failing_at_any_step_keeps_the_previous_version_and_retries(
         assert caught.value.errno == error
         (failed,) = FAULTS.failed
         where = f"step {k}: {failed[1]} {failed[2]}"
-        crash_scene.assert_v3_intact(root)
+        crash_scene.assert_before_intact(root)
         store = crash_scene.plan(root).store
-        if store.versions()[-1] == 3:
-            assert port_rows(root) == crash_scene.v3_ports, where
+        if store.versions()[-1] == BEFORE:
+            assert port_rows(root) == crash_scene.before_ports, where
         report = crash_scene.commit(root)
         assert report is not None, where
         manifest = store.read()
-        assert manifest is not None and manifest.version == 4, where
+        assert manifest is not None and manifest.version == AFTER, where
         assert manifest.latest == golden["latest"], where
         assert (
             key_summary(all_keys(store, manifest, crash_scene.plan(root).settings))
             == golden["keys"]
         ), where
         assert port_rows(root) == golden["ports"], where
-        crash_scene.assert_v3_intact(root)
+        crash_scene.assert_before_intact(root)
 
 
 def test_a_dead_disk_from_any_step_on_keeps_the_previous_version(
@@ -841,8 +902,8 @@ def test_a_dead_disk_from_any_step_on_keeps_the_previous_version(
             except OSError:
                 pass
             else:  # only the best-effort clean-up after the commit point failed
-                assert crash_scene.plan(root).store.read().version == 4  # type: ignore[union-attr]
-        crash_scene.assert_v3_intact(root)
+                assert crash_scene.plan(root).store.read().version == AFTER  # type: ignore[union-attr]
+        crash_scene.assert_before_intact(root)
         assert crash_scene.commit(root) is not None
         assert port_rows(root) == golden["ports"], f"step {k}"
 
@@ -851,7 +912,7 @@ def test_a_task_failing_at_any_step_is_retried_by_a_new_attempt(
     crash_scene: CrashScene, golden: dict[str, Any]
 ) -> None:
     def task(root: Path, attempt: int) -> TaskSummary:
-        identity = TaskIdentity(QUERY, 3, 1, attempt)
+        identity = TaskIdentity(QUERY, RUN, CRASH_BATCH, 1, attempt)
         return run_task(crash_scene.plan(root), identity, iter(CRASH_WINDOW[1]))
 
     steps = count_steps(lambda: task(crash_scene.fresh(), 1))
@@ -860,12 +921,12 @@ def test_a_task_failing_at_any_step_is_retried_by_a_new_attempt(
         root = crash_scene.fresh()
         with FAULTS.failing_at(k, torn=True), pytest.raises(OSError):
             task(root, 1)
-        crash_scene.assert_v3_intact(root)
+        crash_scene.assert_before_intact(root)
         summaries = [copy.deepcopy(crash_scene.summaries[0]), task(root, 2)]
-        assert commit_window(crash_scene.plan(root), summaries, 3) is not None
+        assert commit_window(crash_scene.plan(root), summaries, CRASH_BATCH) is not None
         store = crash_scene.plan(root).store
         manifest = store.read()
-        assert manifest is not None and manifest.version == 4
+        assert manifest is not None and manifest.version == AFTER
         assert port_rows(root) == golden["ports"], f"step {k}"
         keys = key_summary(all_keys(store, manifest, crash_scene.plan(root).settings))
         assert keys == golden["keys"], f"step {k}"

@@ -23,7 +23,13 @@ from typing import Literal
 
 from dedupsink.cli.errors import ConfigError
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import PATH, SINK_OPTIONS, STORE_PATH, parse_duration
+from dedupsink.options import (
+    PATH,
+    SINK_OPTIONS,
+    STORAGE_OPTION_PREFIX,
+    STORE_PATH,
+    parse_duration,
+)
 
 __all__ = [
     "CHECKPOINT",
@@ -118,7 +124,9 @@ class JobConfig:
 
     @property
     def sink_options(self) -> dict[str, str]:
-        return {key: self.settings[key].value for key in SINK_OPTIONS if key in self.settings}
+        """The sink's options: the named ones and every ``fs.<name>`` storage option."""
+        named = {key: self.settings[key].value for key in SINK_OPTIONS if key in self.settings}
+        return {**named, **self.prefixed(STORAGE_OPTION_PREFIX, strip=False)}
 
 
 def canonical_key(key: str, where: str) -> str:
@@ -128,6 +136,8 @@ def canonical_key(key: str, where: str) -> str:
     if key.startswith(SOURCE_OPTION) and len(key) > len(SOURCE_OPTION):
         return key
     if key.startswith(SPARK_PREFIX) and len(key) > len(SPARK_PREFIX):
+        return key
+    if key.startswith(STORAGE_OPTION_PREFIX) and len(key) > len(STORAGE_OPTION_PREFIX):
         return key
     raise ConfigError(key, f"unknown key {key!r}{_hint(key)}", where)
 

@@ -9,7 +9,7 @@ people, ``--json`` prints the same dictionary for machines.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dedupsink.cli.config import resolve_path
@@ -17,33 +17,43 @@ from dedupsink.cli.display import human_bytes, human_span, point_text, table, ut
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
 from dedupsink.options import STORE_DIRNAME_DEFAULT, join_url
-from dedupsink.sink.ports import SPARK_LOG_DIR, Output
+from dedupsink.sink.output import Output
+from dedupsink.sink.sparklog import PortLog
 from dedupsink.store.format import Manifest
-from dedupsink.store.store import LOG_DIR, BucketStore, now_ms
+from dedupsink.store.ownership import now_ms
+from dedupsink.store.records import Owner
+from dedupsink.store.store import LOG_DIR, BucketStore, find_store
 
 __all__ = ["Location", "locate", "render", "report", "to_json"]
 
 
 @dataclass(frozen=True)
 class Location:
-    """A store and, when known, the output root whose ports it commits."""
+    """A store and, when known, the output root whose ports it commits, with the storage
+    options to reach them (never shown)."""
 
     store_url: str
     output_url: str | None
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def store(self) -> BucketStore:
+        return BucketStore(self.store_url, self.storage_options)
+
+    def output(self) -> Output | None:
+        return None if self.output_url is None else Output(self.output_url, self.storage_options)
 
 
-def locate(path: str, store: str | None = None) -> Location:
+def locate(
+    path: str, store: str | None = None, storage_options: dict[str, Any] | None = None
+) -> Location:
     """Find the store of an output path, or the ports of a store path."""
+    options = dict(storage_options or {})
     url = resolve_path(path).rstrip("/")
     if store is not None:
-        return Location(resolve_path(store).rstrip("/"), url)
-    candidate = BucketStore(url)
-    if candidate.fs.exists(candidate.path(LOG_DIR)):
-        parent, _, name = url.rpartition("/")
-        return Location(url, parent if name == STORE_DIRNAME_DEFAULT and parent else None)
-    default = BucketStore(join_url(url, STORE_DIRNAME_DEFAULT))
-    if default.fs.exists(default.path(LOG_DIR)):
-        return Location(default.url, url)
+        return Location(resolve_path(store).rstrip("/"), url, options)
+    found = find_store(url, options)
+    if found is not None:
+        return Location(found[0], found[1], options)
     raise ConfigError(
         "PATH",
         f"no dedup store at {url} (looked for {url}/{LOG_DIR} and "
@@ -53,7 +63,7 @@ def locate(path: str, store: str | None = None) -> Location:
 
 def report(location: Location) -> dict[str, Any]:
     """Everything ``inspect`` shows, as plain JSON-able values."""
-    store = BucketStore(location.store_url)
+    store = location.store()
     manifest = store.read()
     files_on_disk, bytes_on_disk = store.disk_usage()
     result: dict[str, Any] = {
@@ -64,12 +74,13 @@ def report(location: Location) -> dict[str, Any]:
     }
     if manifest is None:
         return result
-    result.update(_store_part(manifest, store))
-    result["ports"] = _ports_part(manifest, location.output_url)
+    output = location.output()
+    result.update(_store_part(manifest, output))
+    result["ports"] = _ports_part(manifest, output)
     return result
 
 
-def _store_part(manifest: Manifest, store: BucketStore) -> dict[str, Any]:
+def _store_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
     settings = manifest.settings
     latest = manifest.latest
     period = settings.get("period")
@@ -81,7 +92,7 @@ def _store_part(manifest: Manifest, store: BucketStore) -> dict[str, Any]:
         "committed": utc_text(manifest.committed_ms // 1000 * 1_000_000),
         "settings": settings,
         "windows": int(manifest.totals.get("windows", 0)),
-        "last_window": manifest.last_window,
+        "last_window": None if manifest.last_window is None else manifest.last_window.to_wire(),
         "latest": {"value": latest, "text": point_text(latest, settings, categories)},
         "expiry_point": {"value": expiry, "text": point_text(expiry, settings, categories)},
         "categories": categories,
@@ -91,25 +102,34 @@ def _store_part(manifest: Manifest, store: BucketStore) -> dict[str, Any]:
             "bytes": sum(wf.nbytes for wf in manifest.files.values()),
         },
         "owner": _owner_part(manifest.owner),
+        "fenced": [
+            {"query": f.query, "run": f.run, "by": f.by, "version": f.version}
+            for f in manifest.fenced
+        ],
         "totals": dict(manifest.totals),
-        "publication_pending": manifest.publish is not None
-        and not store.is_published(manifest.version),
+        "publication_pending": manifest.publication is not None
+        and output is not None
+        and not output.is_published(manifest.publication),
     }
 
 
-def _owner_part(owner: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not owner:
+def _owner_part(owner: Owner | None) -> dict[str, Any] | None:
+    if owner is None:
         return None
-    heartbeat = int(owner.get("heartbeat_ms", 0))
+    age_ms = now_ms() - owner.heartbeat_ms
     return {
-        "query": owner.get("query"),
-        "heartbeat": utc_text(heartbeat * 1000),
-        "age_seconds": round((now_ms() - heartbeat) / 1000, 1),
+        "query": owner.query,
+        "run": owner.run,
+        "since_version": owner.since,
+        "heartbeat": utc_text(owner.heartbeat_ms * 1000),
+        "age_seconds": round(age_ms / 1000, 1),
+        "timeout_seconds": owner.timeout_ms / 1000,
+        "lease_live": age_ms < owner.timeout_ms,
     }
 
 
-def _ports_part(manifest: Manifest, output_url: str | None) -> dict[str, Any]:
-    output = Output(output_url) if output_url else None
+def _ports_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
+    output_url = None if output is None else output.url
     ports: dict[str, Any] = {}
     for port in PORTS:
         state = manifest.ports.get(port)
@@ -126,11 +146,7 @@ def _ports_part(manifest: Manifest, output_url: str | None) -> dict[str, Any]:
 
 
 def _log_entries(output: Output, port: str) -> int:
-    try:
-        names = output.fs.ls(output.path(f"{port}/{SPARK_LOG_DIR}"), detail=False)
-    except FileNotFoundError:
-        return 0
-    return sum(1 for n in names if n.rstrip("/").rsplit("/", 1)[-1].split(".")[0].isdigit())
+    return len(PortLog(output, port).ids())
 
 
 def to_json(data: dict[str, Any]) -> str:
@@ -180,7 +196,7 @@ def settings_text(settings: dict[str, Any]) -> str:
     return text + f", {settings.get('bucket_count')} buckets"
 
 
-def _last_window_text(last: dict[str, Any]) -> str:
+def _last_window_text(last: dict[str, Any] | None) -> str:
     if not last:
         return ""
     counts = " ".join(f"{port}={last.get('counts', {}).get(port, 0)}" for port in PORTS)
@@ -190,9 +206,15 @@ def _last_window_text(last: dict[str, Any]) -> str:
 def _owner_text(owner: dict[str, Any] | None) -> str:
     if owner is None:
         return "none (released): a new query can start at once"
+    state = (
+        f"a new query waits up to {owner['timeout_seconds']:g}s for the lease to lapse"
+        if owner["lease_live"]
+        else "lease lapsed: a new query can start at once"
+    )
     return (
-        f"query {owner['query']}, last commit {owner['heartbeat']} "
-        f"({owner['age_seconds']:.0f}s ago; free once ownerTimeout passes, or `dedupsink release`)"
+        f"query {owner['query']} (run {owner['run'] or '-'}, since version "
+        f"{owner['since_version']}), last commit {owner['heartbeat']} "
+        f"({owner['age_seconds']:.0f}s ago; {state})"
     )
 
 

@@ -64,7 +64,7 @@ class PreparedJob:
 
     @property
     def store(self) -> BucketStore:
-        return BucketStore(self.options.store_path)
+        return BucketStore(self.options.store_path, self.options.storage_options)
 
 
 def prepare(config: JobConfig, check_source: bool = True) -> PreparedJob:
@@ -186,8 +186,10 @@ def check_store(config: JobConfig, job: PreparedJob) -> Manifest | None:
     """The store's latest manifest, if it exists; its settings must match the job's."""
     try:
         manifest = job.store.read()
-    except (ImportError, ValueError) as exc:
-        job.notes.append(f"store not checked: {exc}")
+    except DedupOptionError as exc:
+        raise _as_config_error(config, exc) from exc
+    except (ImportError, OSError) as exc:
+        job.notes.append(f"store not checked: {job.options.mask(str(exc))}")
         return None
     if manifest is not None and job.settings is not None:
         try:

@@ -22,8 +22,8 @@ from dedupsink.cli.job import PreparedJob, prepare
 from dedupsink.cli.precompile import precompile_archive, spark_python_archives
 from dedupsink.cli.run import checkpoint_for, run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
-from dedupsink.sink.commit import release
-from dedupsink.store.store import BucketStore
+from dedupsink.options import parse_storage_options
+from dedupsink.store.ownership import release
 
 log = logging.getLogger("dedupsink.cli")
 
@@ -52,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", metavar="PATH", help="an output path or a store path")
     inspect.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
+    _add_storage(inspect)
     release = commands.add_parser("release", help="give up a store's owner lease")
     release.add_argument("path", metavar="PATH", help="an output path or a store path")
     release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    _add_storage(release)
     precompile = commands.add_parser(
         "precompile", help="add bytecode to the PySpark archives Spark's Python workers import"
     )
@@ -62,6 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--spark-home", metavar="DIR", help="Spark's home (default: $SPARK_HOME, else pyspark's)"
     )
     return parser
+
+
+def _add_storage(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fs",
+        dest="storage",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an fsspec storage option (repeatable), as the sink's fs.<name> options, "
+        "e.g. --fs endpoint_url=http://127.0.0.1:9000",
+    )
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, object]:
+    pairs = {}
+    for item in args.storage:
+        name, separator, value = item.partition("=")
+        if not separator or not name.strip():
+            raise DedupOptionError("--fs", item.split("=")[0], "NAME=VALUE, e.g. key=AKIA...")
+        pairs["fs." + name.strip()] = value
+    return parse_storage_options(pairs)
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -127,21 +151,20 @@ def describe(job: PreparedJob) -> list[str]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    data = report(locate(args.path, args.store))
+    data = report(locate(args.path, args.store, _storage_options(args)))
     print(to_json(data) if args.json else render(data))
     return 0
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    location = locate(args.path, args.store)
-    store = BucketStore(location.store_url)
+    store = locate(args.path, args.store, _storage_options(args)).store()
     before = store.read()
     owner = before.owner if before is not None else None
     if owner is None:
         print(f"store {store.url} has no owner: nothing to release")
         return 0
     release(store)
-    print(f"released store {store.url} (it was owned by query {owner.get('query')})")
+    print(f"released store {store.url} (it was owned by query {owner.query})")
     return 0
 
 

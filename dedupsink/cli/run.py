@@ -38,9 +38,9 @@ from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import join_url
-from dedupsink.sink.commit import release
-from dedupsink.sink.task import check_owner
 from dedupsink.store.format import Manifest
+from dedupsink.store.ownership import release
+from dedupsink.store.records import WindowRecord
 from dedupsink.store.store import BucketStore
 
 log = logging.getLogger("dedupsink.cli")
@@ -78,7 +78,7 @@ class RunOutcome:
     """What one run did: its query, the windows it committed, how it ended."""
 
     query_id: str = ""
-    windows: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[WindowRecord] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
 
@@ -169,7 +169,7 @@ class WindowWatcher:
         versions = store.versions()
         self.seen = versions[-1] if versions else -1
         self.query_id = ""
-        self.windows: list[dict[str, Any]] = []
+        self.windows: list[WindowRecord] = []
 
     def poll(self) -> None:
         for version in [v for v in self.store.versions() if v > self.seen]:
@@ -180,17 +180,15 @@ class WindowWatcher:
 
     def _report(self, manifest: Manifest) -> None:
         window = manifest.last_window
-        if window.get("window") != manifest.version or window.get("query") != self.query_id:
+        if window is None or window.window != manifest.version or window.query != self.query_id:
             return
         self.windows.append(window)
-        counts = window.get("counts", {})
-        ports = "  ".join(f"{port} {counts.get(port, 0):>4}" for port in PORTS)
-        rows = sum(counts.get(port, 0) for port in PORTS)
+        ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
         print(
-            f"batch {window.get('batch'):>3} (window {manifest.totals.get('windows', '?')}): "
-            f"{rows:>5} rows  "
-            f"{ports}  | {window.get('new_keys', 0)} new keys, "
-            f"{window.get('dropped_keys', 0)} forgotten",
+            f"batch {window.batch:>3} (window {manifest.totals.get('windows', '?')}): "
+            f"{window.counts.total:>5} rows  "
+            f"{ports}  | {window.new_keys} new keys, "
+            f"{window.dropped_keys} forgotten",
             file=self.out,
             flush=True,
         )
@@ -263,13 +261,6 @@ def remove_checkpoint(url: str) -> None:
             fs.rmdir(parent)
 
 
-def check_lease(job: PreparedJob) -> None:
-    """Refuse to start while another query holds a live lease on the store."""
-    if job.manifest is not None:
-        timeout_ms = job.options.owner_timeout.micros // 1000
-        check_owner(job.manifest, "", timeout_ms, job.store.url)
-
-
 def release_lease(store: BucketStore, query_id: str) -> bool:
     if not query_id:
         return False
@@ -284,9 +275,7 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
     store = job.store
     manifest = store.read()
     totals = manifest.totals if manifest else {}
-    this_run = {
-        port: sum(w.get("counts", {}).get(port, 0) for w in outcome.windows) for port in PORTS
-    }
+    this_run = {port: sum(w.counts[port] for w in outcome.windows) for port in PORTS}
     rows = [
         [port, this_run[port], totals.get(port, 0), join_url(job.options.path, port)]
         for port in PORTS
@@ -348,7 +337,6 @@ def run_query(spark: Any, job: PreparedJob, checkpoint: str, watcher: WindowWatc
 
 def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
     """Run a prepared job to its end (or Ctrl-C), release the store, print the summary."""
-    check_lease(job)
     checkpoint, fresh = checkpoint_for(job)
     outcome = RunOutcome()
     watcher = WindowWatcher(job.store, out)

@@ -1,11 +1,12 @@
 """The Spark data source ``dedup``: the only module of dedupsink that imports pyspark.
 
 ``DedupDataSource.streamWriter`` runs on the driver before the first batch: it parses and
-resolves the options against the stream's schema, opens (or creates) the bucket store, checks
-its settings and finishes any publication a crash interrupted, so a bad option ends the query
-before anything is written. The writer it returns is pickled to the executors, where ``write``
-learns the window (query id, batch id) from the task context and runs ``run_task``; the driver
-runs ``commit`` on a fresh copy each batch, which is why no state lives on the writer.
+resolves the options against the stream's schema, refuses a filesystem the store cannot commit
+to safely or cannot reach, opens (or creates) the bucket store and checks its settings, so a
+bad option ends the query before anything is written; it also names this run of the query. The
+writer it returns is pickled to the executors, where ``write`` learns the window (query id,
+batch id) from the task context and runs ``run_task``; Spark calls ``streamWriter`` again for
+every commit, on a fresh copy, which is why no state lives on the writer.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import gc
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
@@ -26,7 +26,8 @@ from dedupsink.errors import DedupError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary
+    from dedupsink.sink.plan import SinkPlan, TaskIdentity
+    from dedupsink.sink.task import TaskSummary
 
 # The sink's engine, store and Parquet modules are imported by the methods that use them:
 # Spark imports this module in every session that has dedupsink installed (to find the
@@ -51,7 +52,8 @@ class DedupStreamWriter(DataSourceStreamArrowWriter):
         from dedupsink.sink.task import run_task
 
         _exempt_long_lived_objects_from_gc()
-        return DedupCommitMessage(run_task(self.plan, current_task(), iterator))
+        with self.plan.options.masking():
+            return DedupCommitMessage(run_task(self.plan, current_task(self.plan), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         from dedupsink.sink.commit import commit_window
@@ -59,10 +61,11 @@ class DedupStreamWriter(DataSourceStreamArrowWriter):
         _exempt_long_lived_objects_from_gc()
         _log_to_stderr_if_unconfigured()
         summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
-        commit_window(self.plan, summaries, batchId)
+        with self.plan.options.masking():
+            commit_window(self.plan, summaries, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        # Staged files stay invisible; the next commit of this batch or a later sweep removes them.
+        # Staged files stay invisible; a later sweep removes them.
         log.warning("dedup batch %s aborted; nothing was published", batchId)
 
 
@@ -94,9 +97,31 @@ def _log_to_stderr_if_unconfigured() -> None:
         log.setLevel(logging.INFO)
 
 
-def current_task() -> TaskIdentity:
+_COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+
+
+def _planning_a_commit() -> bool:
+    """Whether Spark is building the writer only to run a commit on it: its commit runner plans
+    the write again for every micro-batch. The commit reads and checks the store itself, so the
+    start-of-query checks (a dozen requests on an object store) are left out there."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == _COMMIT_RUNNER:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def new_run() -> str:
+    """A name for this start of a query: each start from its checkpoint is a new run."""
+    import uuid
+
+    return uuid.uuid4().hex[:16]
+
+
+def current_task(plan: SinkPlan) -> TaskIdentity:
     """The window and attempt of the running task, from Spark's task context."""
-    from dedupsink.sink.task import TaskIdentity
+    from dedupsink.sink.plan import TaskIdentity
 
     context = TaskContext.get()
     if context is None:
@@ -105,7 +130,9 @@ def current_task() -> TaskIdentity:
     query_id = context.getLocalProperty("sql.streaming.queryId")
     if batch_id is None or query_id is None:
         raise DedupError("the dedup sink is a streaming sink: use df.writeStream.format('dedup')")
-    return TaskIdentity(query_id, int(batch_id), context.partitionId(), context.attemptNumber())
+    return TaskIdentity(
+        query_id, plan.run, int(batch_id), context.partitionId(), context.attemptNumber()
+    )
 
 
 class DedupDataSource(DataSource):
@@ -118,34 +145,9 @@ class DedupDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from dedupsink.engine.settings import resolve
-        from dedupsink.errors import DedupOptionError
-        from dedupsink.options import STORE_PATH, DedupOptions
-        from dedupsink.sink.commit import finish_publication
-        from dedupsink.sink.ports import absolute_url
-        from dedupsink.sink.task import SinkPlan, lease_is_live
+        from dedupsink.sink.plan import plan_for
 
         _exempt_long_lived_objects_from_gc()
-        parsed = DedupOptions.parse(dict(self.options))
-        options = replace(
-            parsed, path=absolute_url(parsed.path), store_path=absolute_url(parsed.store_path)
-        )
         arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        settings = resolve(options, arrow_schema)
-        plan = SinkPlan(options, settings, arrow_schema)
-        existing = plan.store.read()
-        if (existing is None or not existing.ports) and plan.output.has_windows():
-            # A store that never published next to ports that hold windows (storePath changed,
-            # or the store deleted): its window numbers would overwrite those ports' files.
-            raise DedupOptionError(
-                STORE_PATH,
-                options.store_path,
-                f"the store the ports under {options.path} were written with; they hold windows "
-                "this store never committed (write to a new path, or remove the ports too)",
-            )
-        manifest = plan.store.open(settings)
-        if not lease_is_live(manifest, options.owner_timeout.micros // 1000):
-            # Under a live lease the owner (or this query, restarted) finishes it in its next
-            # commit; another query publishing now would race the owner's own publication.
-            finish_publication(plan.store, plan.output, manifest)
-        return DedupStreamWriter(plan)
+        check = not _planning_a_commit()
+        return DedupStreamWriter(plan_for(dict(self.options), arrow_schema, new_run(), check))

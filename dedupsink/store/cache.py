@@ -237,7 +237,7 @@ class BucketManager:
     def _resolved(self, raw: SegmentBytes, segment: Segment) -> DecodedSegment:
         """A segment's keys with their final stamps, in stored order."""
         assert self.manifest is not None
-        decoded = decode_segment(raw, segment, self.stamp_dtype, self.store.data_path(segment.file))
+        decoded = decode_segment(raw, segment, self.stamp_dtype, self.store.data_url(segment.file))
         stamps = decoded.stamps
         window_file = self.manifest.files[segment.file]
         if stamps is not None and window_file.local_categories:

@@ -23,10 +23,12 @@ import msgpack
 import numpy as np
 
 from dedupsink.errors import StoreCorruptError
+from dedupsink.store.records import Fence, Logged, Owner, Publication, WindowRecord
 
 MANIFEST_MAGIC = b"DSM1"
 WINDOW_MAGIC = b"DSWIN001"
-FORMAT_VERSION = 1
+# Format 2 types the protocol state (owner runs, fences, publication sizes); format 1 reads.
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<4sIQ")
 SegmentBytes = bytes | memoryview  # a segment as read: bytes, or a view into a read buffer
 
@@ -65,9 +67,24 @@ class WindowFile:
 
 @dataclass
 class PortState:
+    """A port's running position: the next Spark log id, the files and rows published, and the
+    files logged since the port's last compaction entry (which the next one repeats; None in a
+    store from before they were recorded, until its next compaction)."""
+
     next_log: int = 0
     files: int = 0
     rows: int = 0
+    recent: list[Logged] | None = field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        recent = None if self.recent is None else [logged.to_wire() for logged in self.recent]
+        return {"next_log": self.next_log, "files": self.files, "rows": self.rows, "recent": recent}
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> PortState:
+        wire = value.get("recent")
+        recent = None if wire is None else [Logged.from_wire(item) for item in wire]
+        return cls(int(value["next_log"]), int(value["files"]), int(value["rows"]), recent)
 
 
 @dataclass
@@ -82,12 +99,13 @@ class Manifest:
     categories: list[str] = field(default_factory=list)
     files: dict[str, WindowFile] = field(default_factory=dict)
     buckets: dict[int, list[Segment]] = field(default_factory=dict)
-    owner: dict[str, Any] | None = None
+    owner: Owner | None = None
+    fenced: list[Fence] = field(default_factory=list)
     queries: dict[str, int] = field(default_factory=dict)
     tombstones: list[tuple[str, int]] = field(default_factory=list)
     ports: dict[str, PortState] = field(default_factory=dict)
-    publish: dict[str, Any] | None = None
-    last_window: dict[str, Any] = field(default_factory=dict)
+    publication: Publication | None = None
+    last_window: WindowRecord | None = None
     totals: dict[str, int] = field(default_factory=dict)
     format: int = FORMAT_VERSION
 
@@ -105,7 +123,12 @@ class Manifest:
         record["files"] = {name: vars(wf) for name, wf in self.files.items()}
         record["buckets"] = {bucket: list(segments) for bucket, segments in self.buckets.items()}
         record["tombstones"] = [list(t) for t in self.tombstones]
-        record["ports"] = {port: vars(state) for port, state in self.ports.items()}
+        record["ports"] = {port: state.to_wire() for port, state in self.ports.items()}
+        record["owner"] = None if self.owner is None else self.owner.to_wire()
+        record["fenced"] = [fence.to_wire() for fence in self.fenced]
+        record["publication"] = None if self.publication is None else self.publication.to_wire()
+        record["last_window"] = None if self.last_window is None else self.last_window.to_wire()
+        record["format"] = FORMAT_VERSION
         payload = msgpack.packb(record, use_bin_type=True)
         return _HEADER.pack(MANIFEST_MAGIC, zlib.crc32(payload), len(payload)) + payload
 
@@ -129,13 +152,26 @@ class Manifest:
 
     @classmethod
     def _from_record(cls, record: dict[str, Any]) -> Manifest:
+        if record.get("format", 1) > FORMAT_VERSION:
+            raise ValueError(
+                f"format {record['format']} is newer than this dedupsink reads ({FORMAT_VERSION})"
+            )
         record["files"] = {name: WindowFile(**info) for name, info in record["files"].items()}
         record["buckets"] = {
             int(bucket): [Segment._make(entry) for entry in segments]
             for bucket, segments in record["buckets"].items()
         }
         record["tombstones"] = [tuple(t) for t in record["tombstones"]]
-        record["ports"] = {port: PortState(**state) for port, state in record["ports"].items()}
+        record["ports"] = {
+            port: PortState.from_wire(state) for port, state in record["ports"].items()
+        }
+        record["owner"] = Owner.from_wire(record.get("owner"))
+        record["fenced"] = [Fence.from_wire(fence) for fence in record.get("fenced", [])]
+        # Format 1 called the publication plan "publish".
+        plan = record.pop("publish", None) if "publication" not in record else record["publication"]
+        record["publication"] = Publication.from_wire(plan, int(record["committed_ms"]))
+        record["last_window"] = WindowRecord.from_wire(record.get("last_window"))
+        record["format"] = FORMAT_VERSION
         return cls(**record)
 
 

@@ -1,43 +1,55 @@
-"""The bucket store: versioned manifests and window files on any fsspec filesystem.
+"""The bucket store: versioned manifests and window files on any supported filesystem.
 
 Layout under the store root::
 
     _log/<version:012d>.manifest    one immutable manifest per committed version (last 16 kept)
-    _log/<version:012d>.published   marker: the version's port files are published
     data/<window file>.keys          window files (immutable; named w<window>-p<partition>-<id>)
 
-Only whole-file writes, ranged reads, listing, a file rename and deletes are used: nothing a
-remote filesystem lacks. A version becomes visible when its manifest appears under its final
-name (written aside, then renamed), so a crash at any point leaves the previous version intact;
-files a new version no longer references are deleted two versions later, so a reader of an
+A version becomes visible by a conditional create of its manifest (``Storage.create``): of
+two writers committing the same version, exactly one succeeds and the other gets
+``StoreConflictError`` naming the winner. A crash at any point leaves the previous version
+intact. Files a new version no longer references are deleted later (in batches, every
+``GARBAGE_EVERY`` versions, at least two versions after they left the index), so a reader of an
 older version is not disturbed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreError, StoreSettingsError
-from dedupsink.options import BUCKET_SPAN, EXPIRY_KEY, EXPIRY_MODE, EXPIRY_PERIOD, KEYS, NUM_BUCKETS
+from dedupsink.options import (
+    BUCKET_SPAN,
+    EXPIRY_KEY,
+    EXPIRY_MODE,
+    EXPIRY_PERIOD,
+    KEYS,
+    NUM_BUCKETS,
+    STORE_PATH,
+)
+from dedupsink.options import (
+    STORE_DIRNAME_DEFAULT as STORE_DIRNAME,
+)
 from dedupsink.store.format import Manifest, Segment
+from dedupsink.store.ownership import now_ms
+from dedupsink.store.storage import Entry, Storage
 
 LOG_DIR = "_log"
 DATA_DIR = "data"
 MANIFEST_SUFFIX = ".manifest"
-PUBLISHED_SUFFIX = ".published"
 KEEP_MANIFESTS = 16
 TOMBSTONE_GRACE_VERSIONS = 2
+# Old manifests and dropped window files are deleted in batches: one bulk request every so many
+# versions instead of one every window (object stores charge per request).
+GARBAGE_EVERY = 16
 _FETCH_THREADS = 8
+# Segments of one window file closer than this are fetched with one ranged read.
+_COALESCE_GAP = 1 << 20
 _SETTING_OPTIONS = {
     "mode": EXPIRY_MODE,
     "keys": KEYS,
@@ -50,16 +62,25 @@ _SETTING_OPTIONS = {
     "bucket_count": NUM_BUCKETS,
 }
 _fetch_pool: ThreadPoolExecutor | None = None
-# The manifest each store (by URL) last wrote or decoded in this process, with its path and
-# bytes. A window reads the same version twice (its tasks, then its commit) and the commit has
-# just written the version the next window's tasks read; decoding costs ~2 us per live window
-# file, so a day's index would make every window slower. Versions are immutable, and a read
-# still fetches the bytes and compares them, so a rewritten or damaged file is decoded afresh.
-_last_manifest: dict[str, tuple[str, bytes, Manifest]] = {}
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+class _KnownManifest:
+    """The manifest a process last wrote or decoded for a store, with what identifies its
+    file. Versions are immutable (created only if absent), so the same version of the same
+    store, with the same listed size and tag, is the same manifest: a window reads it in its
+    tasks and again in its commit, and decoding costs ~2 us per live window file."""
+
+    def __init__(self, manifest: Manifest, entry: Entry | None) -> None:
+        self.manifest = manifest
+        self.entry = entry
+
+    def matches(self, version: int, entry: Entry | None) -> bool:
+        if self.manifest.version != version:
+            return False
+        return entry is not None and entry == self.entry
+
+
+_known: dict[str, _KnownManifest] = {}
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -69,69 +90,97 @@ def _pool() -> ThreadPoolExecutor:
     return _fetch_pool
 
 
-class BucketStore:
-    """A store at one URL; pickles as that URL so it travels to executors."""
+def manifest_name(version: int) -> str:
+    return f"{version:012d}{MANIFEST_SUFFIX}"
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.storage_options = storage_options or {}
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-        self.root = self.root.rstrip("/")
+
+class BucketStore:
+    """A store at one URL; pickles as that URL and its storage options."""
+
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None = None, option: str = STORE_PATH
+    ) -> None:
+        self.storage = Storage.for_url(url.rstrip("/"), storage_options, option)
+        self.url = self.storage.url
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (BucketStore, (self.url, self.storage_options))
+        return (BucketStore, (self.url, self.storage.options))
 
     def path(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
+        return self.storage.path(*parts)
 
     def manifest_path(self, version: int) -> str:
-        return self.path(LOG_DIR, f"{version:012d}{MANIFEST_SUFFIX}")
+        return self.path(LOG_DIR, manifest_name(version))
 
     def data_path(self, name: str) -> str:
         return self.path(DATA_DIR, name)
 
+    def data_url(self, name: str) -> str:
+        """A window file's URL, as errors name it."""
+        return self.storage.full_url(self.data_path(name))
+
     # -- reading ---------------------------------------------------------------------------
 
-    def _log_names(self) -> list[str]:
-        """The file names (without folders) in the store's log folder; none before it exists."""
-        try:
-            names = self.fs.ls(self.path(LOG_DIR), detail=False)
-        except FileNotFoundError:
-            return []
-        return [name.rstrip("/").rsplit("/", 1)[-1] for name in names]
+    def _log(self) -> dict[int, Entry]:
+        """Committed versions on disk with their listed entries (never a cached listing)."""
+        found = {}
+        for name, entry in self.storage.entries(self.path(LOG_DIR)).items():
+            number = name.removesuffix(MANIFEST_SUFFIX)
+            if name.endswith(MANIFEST_SUFFIX) and number.isdigit():
+                found[int(number)] = entry
+        return found
 
     def versions(self) -> list[int]:
         """Committed versions still on disk, oldest first."""
-        found = []
-        for base in self._log_names():
-            if base.endswith(MANIFEST_SUFFIX) and base[: -len(MANIFEST_SUFFIX)].isdigit():
-                found.append(int(base[: -len(MANIFEST_SUFFIX)]))
-        return sorted(found)
+        return sorted(self._log())
+
+    def latest_version(self) -> int | None:
+        versions = self._log()
+        return max(versions) if versions else None
 
     def read(self, version: int | None = None) -> Manifest | None:
         """A committed manifest (the latest by default); None for an empty store."""
+        entry = None
         if version is None:
-            versions = self.versions()
-            if not versions:
+            log = self._log()
+            if not log:
                 return None
-            version = versions[-1]
+            version = max(log)
+            entry = log[version]
+        known = _known.get(self.url)
+        if known is not None and known.matches(version, entry):
+            return copy.copy(known.manifest)
         path = self.manifest_path(version)
         try:
-            data = self.fs.cat_file(path)
+            data = self.storage.read(path)
         except FileNotFoundError:
             return None
-        known = _last_manifest.get(self.url)
-        if known is not None and known[0] == path and known[1] == data:
-            manifest = known[2]
-        else:
-            manifest = Manifest.from_bytes(data, path)
-            _last_manifest[self.url] = (path, data, manifest)
+        manifest = Manifest.from_bytes(data, self.storage.full_url(path))
+        _known[self.url] = _KnownManifest(manifest, entry)
         # Callers get their own top-level object (some set fields on it to derive a version);
         # the nested containers are shared, and nothing mutates a committed version's.
         return copy.copy(manifest)
 
+    def read_base(self, version: int, store_id: str) -> Manifest:
+        """The version a window's tasks classified against: the one this process last wrote or
+        read when it is that version of this store (it cannot have changed), else read."""
+        known = _known.get(self.url)
+        if known is not None and (known.manifest.version, known.manifest.store_id) == (
+            version,
+            store_id,
+        ):
+            return copy.copy(known.manifest)
+        manifest = self.read(version)
+        if manifest is None or manifest.store_id != store_id:
+            raise StoreConflictError(
+                f"store {self.url} no longer has version {version} of store {store_id} that this "
+                "window was classified against (was it deleted and created again?)"
+            )
+        return manifest
+
     def fetch(self, segments: Sequence[Segment]) -> list[memoryview]:
-        """Read segments (range reads), several window files in parallel.
+        """Read segments, one ranged read per run of nearby segments of a window file, several
+        files in parallel.
 
         The bytes land in one buffer allocated by the calling thread: bytes allocated by the
         pool's threads would come from their own malloc arenas, which keep freed memory."""
@@ -140,38 +189,35 @@ class BucketStore:
         for segment in segments:
             views.append(buffer[offset : offset + segment.length])
             offset += segment.length
+        reads = _coalesce(list(zip(segments, views, strict=True)))
+        filled: dict[int, int] = {}
 
-        def one(segment: Segment, view: memoryview) -> memoryview:
-            path = self.data_path(segment.file)
+        def one(group: list[tuple[Segment, memoryview]]) -> None:
+            path = self.data_path(group[0][0].file)
+            start = group[0][0].offset
+            end = max(s.offset + s.length for s, _ in group)
             try:
-                filled = self._read_range(path, segment.offset, view)
+                if len(group) == 1:
+                    filled[id(group[0][1])] = self.storage.read_into(path, start, group[0][1])
+                    return
+                data = self.storage.read_range(path, start, end)
             except FileNotFoundError as exc:
                 raise StoreCorruptError(
-                    path, "window file referenced by the index is missing"
+                    self.data_url(group[0][0].file),
+                    "window file referenced by the index is missing",
                 ) from exc
-            return view[:filled]  # a short read: the segment's length check reports it
+            for segment, view in group:
+                part = data[segment.offset - start : segment.offset - start + segment.length]
+                view[: len(part)] = part
+                filled[id(view)] = len(part)
 
-        if len(segments) <= 1:
-            return [one(s, v) for s, v in zip(segments, views, strict=True)]
-        return list(_pool().map(one, segments, views))
-
-    def _read_range(self, path: str, offset: int, view: memoryview) -> int:
-        """Fill ``view`` from ``path`` at ``offset``; returns the bytes read (fewer at the end
-        of a short file). A local file is read straight into the view; other filesystems take
-        one ranged request (their buffered files read ahead by megabytes)."""
-        if not isinstance(self.fs, LocalFileSystem):
-            data = self.fs.cat_file(path, start=offset, end=offset + len(view))
-            view[: len(data)] = data
-            return len(data)
-        filled = 0
-        with self.fs.open(path, "rb") as handle:
-            handle.seek(offset)
-            while filled < len(view):
-                got = handle.readinto(view[filled:])
-                if not got:
-                    break
-                filled += got
-        return filled
+        if len(reads) <= 1:
+            for group in reads:
+                one(group)
+        else:
+            list(_pool().map(one, reads))
+        # A short read leaves the view short: the segment's length check reports it.
+        return [view[: filled.get(id(view), 0)] for view in views]
 
     # -- creating and checking -------------------------------------------------------------
 
@@ -193,91 +239,123 @@ class BucketStore:
 
     def write_window_file(self, name: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         """Write a window file, whole or as chunks in order (no joined copy of large folds)."""
-        self.fs.makedirs(self.path(DATA_DIR), exist_ok=True)
-        with self.fs.open(self.data_path(name), "wb") as handle:
-            for chunk in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
-                handle.write(chunk)
+        self.storage.write(self.data_path(name), data)
 
     def commit(self, manifest: Manifest) -> None:
-        """Make ``manifest`` the visible version: written aside, then renamed into place."""
-        final = self.manifest_path(manifest.version)
-        self.fs.makedirs(self.path(LOG_DIR), exist_ok=True)
-        if self.fs.exists(final):
-            raise StoreConflictError(
-                f"store {self.url} already has version {manifest.version}: "
-                "another writer committed first"
-            )
-        staged = self.path(LOG_DIR, f".{manifest.version:012d}-{uuid.uuid4().hex}.tmp")
+        """Make ``manifest`` the visible version: created only if that version is absent.
+
+        A writer that loses the race gets ``StoreConflictError`` naming the winner. A create
+        whose reply was lost and whose retry found the version present is recognised by the
+        bytes: if they are ours, the commit happened."""
+        path = self.manifest_path(manifest.version)
         data = manifest.to_bytes()
-        self.fs.pipe_file(staged, data)
         try:
-            self.fs.mv(staged, final)
-        except OSError:
-            self._remove_quietly([staged])
-            raise
-        _last_manifest[self.url] = (final, data, copy.copy(manifest))
+            self.storage.create(path, data)
+        except FileExistsError as exc:
+            try:
+                present = self.storage.read(path)
+            except FileNotFoundError:
+                present = b""
+            if present != data:
+                raise StoreConflictError(self._conflict_message(manifest.version, present)) from exc
+        _known[self.url] = _KnownManifest(copy.copy(manifest), None)
 
-    def is_published(self, version: int) -> bool:
-        return bool(self.fs.exists(self.path(LOG_DIR, f"{version:012d}{PUBLISHED_SUFFIX}")))
-
-    def mark_published(self, version: int) -> None:
-        self.fs.pipe_file(self.path(LOG_DIR, f"{version:012d}{PUBLISHED_SUFFIX}"), b"")
+    def _conflict_message(self, version: int, present: bytes) -> str:
+        try:
+            winner = Manifest.from_bytes(
+                present, self.storage.full_url(self.manifest_path(version))
+            )
+        except StoreCorruptError:
+            winner = None
+        who = "another writer"
+        if winner is not None and winner.last_window is not None:
+            who = f"query {winner.last_window.query} (batch {winner.last_window.batch})"
+        elif winner is not None and winner.owner is not None:
+            who = f"query {winner.owner.query}"
+        return (
+            f"store {self.url} already has version {version}: {who} committed it first. This "
+            "window was classified against the version before it and cannot be committed; "
+            "restart the query to re-run the batch."
+        )
 
     def collect_garbage(self, manifest: Manifest) -> list[str]:
-        """Delete tombstoned window files past their grace, old manifests and stray temp files."""
-        due = [
-            name
-            for name, dropped in manifest.tombstones
-            if dropped + TOMBSTONE_GRACE_VERSIONS <= manifest.version
-        ]
-        self._remove_quietly([self.data_path(name) for name in due])
-        versions = self.versions()
-        old = [v for v in versions if v <= manifest.version - KEEP_MANIFESTS]
-        stale = []
-        for version in old:
-            stale.append(self.manifest_path(version))
-            stale.append(self.path(LOG_DIR, f"{version:012d}{PUBLISHED_SUFFIX}"))
-        self._remove_quietly(stale)
+        """Every ``GARBAGE_EVERY`` versions, delete (in one bulk request) the window files
+        dropped at least two versions ago and the manifests older than the last 16."""
+        if manifest.version % GARBAGE_EVERY:
+            return []
+        due = garbage_due(manifest)
+        old = [v for v in self.versions() if v <= manifest.version - KEEP_MANIFESTS]
+        self.storage.delete([self.data_path(n) for n in due] + [self.manifest_path(v) for v in old])
         return due
 
-    def remove_orphans(self, manifest: Manifest, keep: set[str]) -> int:
-        """Delete window files of earlier windows that no version references (failed attempts)."""
-        try:
-            names = [
-                n.rstrip("/").rsplit("/", 1)[-1]
-                for n in self.fs.ls(self.path(DATA_DIR), detail=False)
-            ]
-        except FileNotFoundError:
-            return 0
-        referenced = set(manifest.files) | {name for name, _ in manifest.tombstones} | keep
+    def remove_orphans(self, manifest: Manifest) -> int:
+        """Delete window files of earlier windows that no version references (failed attempts)
+        and the leftovers of conditional creates a crash interrupted."""
+        names = self.storage.entries(self.path(DATA_DIR))
+        referenced = set(manifest.files) | {name for name, _ in manifest.tombstones}
         orphans = [n for n in names if n not in referenced and _window_of(n) <= manifest.version]
-        self._remove_quietly([self.data_path(n) for n in orphans])
-        self._remove_quietly(self._dead_staged_manifests(manifest.version))
+        leftovers = [
+            n for n in self.storage.entries(self.path(LOG_DIR)) if _aside_of(n) <= manifest.version
+        ]
+        self.storage.delete(
+            [self.data_path(n) for n in orphans] + [self.path(LOG_DIR, n) for n in leftovers]
+        )
         return len(orphans)
-
-    def _dead_staged_manifests(self, version: int) -> list[str]:
-        """Manifests staged for versions up to ``version`` and never renamed: a writer crashed
-        between writing and renaming, or lost the version to another writer."""
-        dead = []
-        for base in self._log_names():
-            number = base[1:13]
-            staged = base.startswith(".") and base.endswith(".tmp") and number.isdigit()
-            if staged and int(number) <= version:
-                dead.append(self.path(LOG_DIR, base))
-        return dead
-
-    def _remove_quietly(self, paths: list[str]) -> None:
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(path)
 
     def disk_usage(self) -> tuple[int, int]:
         """(number of window files, bytes) under data/."""
-        try:
-            infos = self.fs.ls(self.path(DATA_DIR), detail=True)
-        except FileNotFoundError:
-            return 0, 0
-        return len(infos), sum(int(info.get("size") or 0) for info in infos)
+        entries = self.storage.entries(self.path(DATA_DIR))
+        return len(entries), sum(entry.size for entry in entries.values())
+
+
+def find_store(
+    url: str, storage_options: dict[str, Any] | None = None
+) -> tuple[str, str | None] | None:
+    """The store an output path or a store path names, and the output root whose ports it
+    commits when that is known: ``(store URL, output URL or None)``; None if there is none."""
+    url = url.rstrip("/")
+    if BucketStore(url, storage_options, "PATH").latest_version() is not None:
+        parent, _, name = url.rpartition("/")
+        return url, parent if name == STORE_DIRNAME and parent else None
+    default = f"{url}/{STORE_DIRNAME}"
+    if BucketStore(default, storage_options, "PATH").latest_version() is not None:
+        return default, url
+    return None
+
+
+def garbage_due(manifest: Manifest) -> list[str]:
+    return [
+        name
+        for name, dropped in manifest.tombstones
+        if dropped + TOMBSTONE_GRACE_VERSIONS <= manifest.version
+    ]
+
+
+def _coalesce(
+    pairs: list[tuple[Segment, memoryview]],
+) -> list[list[tuple[Segment, memoryview]]]:
+    """Group segments into reads: per window file, in offset order, while the gap is small."""
+    groups: list[list[tuple[Segment, memoryview]]] = []
+    for pair in sorted(pairs, key=lambda p: (p[0].file, p[0].offset)):
+        last = groups[-1][-1][0] if groups else None
+        if (
+            last is not None
+            and last.file == pair[0].file
+            and pair[0].offset - (last.offset + last.length) <= _COALESCE_GAP
+        ):
+            groups[-1].append(pair)
+        else:
+            groups.append([pair])
+    return groups
+
+
+def _aside_of(name: str) -> int:
+    """The version of a manifest a local or HDFS conditional create wrote aside before linking
+    it into place (``.<version>.manifest.<id>.tmp``); a large number for any other name."""
+    number = name[1:].split(".", 1)[0]
+    if name.startswith(".") and name.endswith(".tmp") and number.isdigit():
+        return int(number)
+    return 1 << 62
 
 
 def _window_of(name: str) -> int:
@@ -294,26 +372,29 @@ def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -
     """Refuse options that contradict the settings the store was created with."""
     for name, option in _SETTING_OPTIONS.items():
         if recorded.get(name) != wanted.get(name):
-            if name == "key_types":
-                changed = [
-                    f"{key}: {old} -> {new}"
-                    for key, old, new in zip(
-                        wanted["keys"], recorded.get(name) or [], wanted[name], strict=False
-                    )
-                    if old != new
-                ]
-                accepted = (
-                    f"the column types the store at {url} was created with "
-                    f"(changed: {', '.join(changed)})"
-                )
-            elif name == "expiry_type":
-                column = wanted.get("expiry_key")
-                accepted = (
-                    f"the column type the store at {url} was created with "
-                    f"(changed: {column}: {recorded.get(name)} -> {wanted.get(name)})"
-                )
-            else:
-                accepted = f"{recorded.get(name)!r}, the value the store at {url} was created with"
-            raise StoreSettingsError(option, wanted.get(name), accepted)
+            raise StoreSettingsError(
+                option, wanted.get(name), _changed(name, recorded, wanted, url)
+            )
     if recorded.get("mode") is None:
         raise StoreError(f"store {url} has no recorded settings")
+
+
+def _changed(name: str, recorded: dict[str, Any], wanted: dict[str, Any], url: str) -> str:
+    if name == "key_types":
+        changed = [
+            f"{key}: {old} -> {new}"
+            for key, old, new in zip(
+                wanted["keys"], recorded.get(name) or [], wanted[name], strict=False
+            )
+            if old != new
+        ]
+        return (
+            f"the column types the store at {url} was created with (changed: {', '.join(changed)})"
+        )
+    if name == "expiry_type":
+        column = wanted.get("expiry_key")
+        return (
+            f"the column type the store at {url} was created with "
+            f"(changed: {column}: {recorded.get(name)} -> {wanted.get(name)})"
+        )
+    return f"{recorded.get(name)!r}, the value the store at {url} was created with"

@@ -1,0 +1,250 @@
+"""The next version of the store, built from the version a window was classified against.
+
+``next_version`` starts from a copy of the base manifest and applies ``STEPS`` in order, each a
+short function of the new manifest and the window (``WindowUpdate``), as pyiceberg applies
+typed table updates: the owner, the batch, categories, window files, folds, the latest point,
+expired files, the counts and the publication plan. Nothing here reads or writes a file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.sink.output import PortFile
+from dedupsink.sink.plan import SinkPlan
+from dedupsink.sink.sparklog import is_compaction
+from dedupsink.sink.task import TaskSummary
+from dedupsink.store.format import Manifest, PortState, Segment
+from dedupsink.store.ownership import Writer, next_owner
+from dedupsink.store.records import LogEntry, Logged, Move, Publication, WindowCounts, WindowRecord
+from dedupsink.store.storage import basename
+from dedupsink.store.store import GARBAGE_EVERY, garbage_due
+
+KEEP_QUERIES = 32
+
+
+@dataclass
+class WindowUpdate:
+    """One window's commit: its plan, the version its tasks read, who commits, what they did."""
+
+    plan: SinkPlan
+    base: Manifest
+    writer: Writer
+    batch_id: int
+    tasks: list[TaskSummary]  # in partition order
+    schema_files: list[PortFile]  # empty files giving a port without rows its schema
+    cross_partition: int
+    now_ms: int
+    dropped_keys: int = 0  # keys forgotten with expired window files (set by a step)
+
+
+def next_version(update: WindowUpdate) -> Manifest:
+    nxt = _start_from(update.base, update.now_ms)
+    for step in STEPS:
+        step(nxt, update)
+    return nxt
+
+
+def _start_from(base: Manifest, now_ms: int) -> Manifest:
+    """A copy of ``base`` as version + 1, its containers copied (the base stays as read)."""
+    return replace(
+        base,
+        version=base.version + 1,
+        committed_ms=now_ms,
+        categories=list(base.categories),
+        files=dict(base.files),
+        buckets={bucket: list(segments) for bucket, segments in base.buckets.items()},
+        tombstones=list(base.tombstones),
+        ports={
+            port: replace(state, recent=None if state.recent is None else list(state.recent))
+            for port, state in base.ports.items()
+        },
+        totals=dict(base.totals),
+        publication=None,
+        last_window=None,
+    )
+
+
+def set_owner(nxt: Manifest, update: WindowUpdate) -> None:
+    nxt.owner, nxt.fenced = next_owner(update.base, update.writer, nxt.version, update.now_ms)
+
+
+def record_batch(nxt: Manifest, update: WindowUpdate) -> None:
+    """Remember this (query, batch), so a re-run of the batch is recognised and discarded."""
+    recent = {q: b for q, b in update.base.queries.items() if q != update.writer.query}
+    recent[update.writer.query] = update.batch_id
+    nxt.queries = dict(list(recent.items())[-KEEP_QUERIES:])
+
+
+def forget_deleted_tombstones(nxt: Manifest, update: WindowUpdate) -> None:
+    """Tombstones that the base version's garbage collection deleted leave the list."""
+    collected = update.base.version % GARBAGE_EVERY == 0
+    deleted = set(garbage_due(update.base)) if collected else set()
+    nxt.tombstones = [(name, at) for name, at in nxt.tombstones if name not in deleted]
+
+
+def add_categories(nxt: Manifest, update: WindowUpdate) -> None:
+    for task in update.tasks:
+        for name in task.new_categories:
+            if name not in nxt.categories:
+                nxt.categories.append(name)
+
+
+def add_window_files(nxt: Manifest, update: WindowUpdate) -> None:
+    """The tasks' window files and their segments join the index."""
+    mode = update.plan.settings.mode
+    ordinals = nxt.category_ordinals()
+    for task in update.tasks:
+        written = task.written
+        if written is None or written.window_file is None:
+            continue
+        wf = written.window_file
+        if mode == "systemTime":
+            wf.max_stamp = None  # the window's time, set once the latest point is known
+        elif wf.local_categories:
+            top = max(ordinals[name] for name in wf.local_categories)
+            wf.max_stamp = top if wf.max_stamp is None else max(wf.max_stamp, top)
+        nxt.files[wf.name] = wf
+        for bucket, segment in written.segments.items():
+            nxt.buckets.setdefault(bucket, []).append(segment)
+
+
+def apply_compaction(nxt: Manifest, update: WindowUpdate) -> None:
+    """A folded segment replaces the segments it folded; files left with none are dropped."""
+    for task in update.tasks:
+        if task.written is None:
+            continue
+        for bucket, replaced in task.written.supersedes.items():
+            folded = {tuple(ident) for ident in replaced}
+            kept: list[Segment] = []
+            gone: list[Segment] = []
+            for segment in nxt.buckets.get(bucket, []):
+                (gone if segment.ident in folded else kept).append(segment)
+            nxt.buckets[bucket] = kept
+            for segment in gone:
+                _drop_bucket_of_file(nxt, segment.file, bucket)
+
+
+def _drop_bucket_of_file(nxt: Manifest, name: str, bucket: int) -> None:
+    wf = nxt.files.get(name)
+    if wf is None:
+        return
+    remaining = [b for b in wf.buckets if b != bucket]
+    if remaining:
+        nxt.files[name] = replace(wf, buckets=remaining)
+    else:
+        del nxt.files[name]
+        nxt.tombstones.append((name, nxt.version))
+
+
+def advance_latest_point(nxt: Manifest, update: WindowUpdate) -> None:
+    """The largest expiry value committed so far (SPEC §3 rule 2; per mode, ARCHITECTURE)."""
+    mode = update.plan.settings.mode
+    previous = update.base.latest
+    if mode == "basic":
+        nxt.latest = None
+    elif mode == "categorical":
+        nxt.latest = len(nxt.categories) - 1 if nxt.categories else None
+    elif mode == "systemTime":
+        now_us = int(time.time() * 1_000_000)
+        nxt.latest = now_us if previous is None else max(now_us, int(previous) + 1)
+        for task in update.tasks:
+            if task.written is not None and task.written.window_file is not None:
+                task.written.window_file.max_stamp = nxt.latest
+    else:
+        stamps = [t.max_stamp for t in update.tasks if t.max_stamp is not None]
+        if previous is not None:
+            stamps.append(previous)
+        nxt.latest = max(stamps) if stamps else None
+
+
+def drop_expired_files(nxt: Manifest, update: WindowUpdate) -> None:
+    """Forget whole window files whose newest key is at or below the expiry point."""
+    period = update.plan.settings.period
+    if nxt.latest is None or period is None:
+        return
+    expiry_point = nxt.latest - period
+    for wf in [w for w in nxt.files.values() if w.max_stamp is not None]:
+        if wf.max_stamp is None or wf.max_stamp > expiry_point:
+            continue
+        del nxt.files[wf.name]
+        for bucket in wf.buckets:
+            remaining = [s for s in nxt.buckets.get(bucket, []) if s.file != wf.name]
+            if remaining:
+                nxt.buckets[bucket] = remaining
+            else:
+                nxt.buckets.pop(bucket, None)
+        nxt.tombstones.append((wf.name, nxt.version))
+        update.dropped_keys += wf.keys
+
+
+def count_window(nxt: Manifest, update: WindowUpdate) -> None:
+    counts = sum((t.counts for t in update.tasks), WindowCounts())
+    nxt.totals["remembered"] = sum(s.count for segments in nxt.buckets.values() for s in segments)
+    nxt.totals["windows"] = nxt.totals.get("windows", 0) + 1
+    for port in PORTS:
+        nxt.totals[port] = nxt.totals.get(port, 0) + counts[port]
+    nxt.last_window = WindowRecord(
+        window=nxt.version,
+        query=update.writer.query,
+        batch=update.batch_id,
+        counts=counts,
+        new_keys=sum(t.written.new_keys for t in update.tasks if t.written is not None),
+        cross_partition_duplicates=update.cross_partition,
+        dropped_keys=update.dropped_keys,
+        task_seconds=round(sum(t.seconds for t in update.tasks), 3),
+    )
+
+
+def plan_publication(nxt: Manifest, update: WindowUpdate) -> None:
+    """Name every staged file's published name, one log entry per port, and advance the ports'
+    positions; the record holds everything a publisher writes."""
+    moves: list[Move] = []
+    entries: list[LogEntry] = []
+    staged = [f for t in update.tasks for f in t.files if f.rows > 0] + update.schema_files
+    for port in PORTS:
+        state = nxt.ports.setdefault(port, PortState())
+        records = [f for f in staged if f.port == port]
+        targets = []
+        for index, record in enumerate(records):
+            partition = basename(record.path).split("-")[0]
+            target = f"{port}/part-{nxt.version:010d}-{partition}-{index:03d}.parquet"
+            moves.append(Move(record.path, target, record.size))
+            targets.append(target)
+        compaction = is_compaction(state.next_log)
+        earlier = None if state.recent is None else tuple(state.recent)
+        entries.append(
+            LogEntry(
+                port, state.next_log, tuple(targets), state.files, earlier if compaction else None
+            )
+        )
+        logged = [
+            Logged(t, record.size, update.now_ms)
+            for t, record in zip(targets, records, strict=True)
+        ]
+        if compaction:
+            state.recent = []
+        elif state.recent is not None:
+            state.recent.extend(logged)
+        state.files += len(targets)
+        state.rows += sum(record.rows for record in records)
+        state.next_log += 1
+    folder = update.tasks[0].folder
+    nxt.publication = Publication(nxt.version, folder, update.now_ms, tuple(moves), tuple(entries))
+
+
+STEPS: tuple[Callable[[Manifest, WindowUpdate], None], ...] = (
+    set_owner,
+    record_batch,
+    forget_deleted_tombstones,
+    add_categories,
+    add_window_files,
+    apply_compaction,
+    advance_latest_point,
+    drop_expired_files,
+    count_window,
+    plan_publication,
+)

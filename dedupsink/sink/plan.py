@@ -1,0 +1,97 @@
+"""What a write carries from the driver to its tasks and commit, and who a task is.
+
+A ``SinkPlan`` is built once on the driver (``streamWriter`` or ``writer``), pickled with the
+writer to every task, and rebuilt by the driver for each commit. A ``TaskIdentity`` is where a
+task stands: the query and its run, the window's batch, the partition and the attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+
+from dedupsink.engine.settings import Settings, resolve
+from dedupsink.errors import DedupOptionError
+from dedupsink.options import PATH, STORE_PATH, DedupOptions
+from dedupsink.sink.output import Output, absolute_url
+from dedupsink.store.ownership import Writer
+from dedupsink.store.store import BucketStore
+
+BATCH_WRITE_PREFIX = "batch-"
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    """Everything tasks and commits need; ``run`` names this start of the query (a new one
+    each time the query starts from its checkpoint; a batch write's own id)."""
+
+    options: DedupOptions
+    settings: Settings
+    schema: pa.Schema
+    run: str = ""
+
+    @property
+    def store(self) -> BucketStore:
+        return BucketStore(self.options.store_path, self.options.storage_options, STORE_PATH)
+
+    @property
+    def output(self) -> Output:
+        return Output(self.options.path, self.options.storage_options, PATH)
+
+    def writer(self, query_id: str, run: str) -> Writer:
+        timeout_ms = self.options.owner_timeout.micros // 1000
+        if query_id.startswith(BATCH_WRITE_PREFIX):
+            return Writer(query_id, run, timeout_ms, "batch write", keeps_store=False)
+        return Writer(query_id, run, timeout_ms)
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Where a task stands: the query, its run, the batch, the partition and the attempt."""
+
+    query_id: str
+    run: str
+    batch_id: int
+    partition: int
+    attempt: int
+
+    @property
+    def token(self) -> str:
+        """Names the window's staging folder: one per (query, batch), whatever the run."""
+        return f"{self.query_id}-{self.batch_id}"
+
+
+def plan_for(raw: Mapping[str, str], schema: pa.Schema, run: str, check: bool = True) -> SinkPlan:
+    """A write's plan from Spark's string options and the input's Arrow schema: options parsed,
+    resolved against the schema, and (``check``) the store and the ports reached and checked.
+    Raises before anything is written."""
+    parsed = DedupOptions.parse(raw)
+    options = replace(
+        parsed, path=absolute_url(parsed.path), store_path=absolute_url(parsed.store_path)
+    )
+    plan = SinkPlan(options, resolve(options, schema), schema, run)
+    if check:
+        with options.masking():
+            check_store(plan)
+    return plan
+
+
+def check_store(plan: SinkPlan) -> None:
+    """The store and the ports can be reached, and the store fits the options."""
+    options = plan.options
+    store, output = plan.store, plan.output
+    store.storage.check_reachable(STORE_PATH)
+    output.storage.check_reachable(PATH)
+    existing = store.read()
+    if (existing is None or not existing.ports) and output.has_windows():
+        # A store that never published next to ports that hold windows (storePath changed,
+        # or the store deleted): its window numbers would overwrite those ports' files.
+        raise DedupOptionError(
+            STORE_PATH,
+            options.store_path,
+            f"the store the ports under {options.path} were written with; they hold windows "
+            "this store never committed (write to a new path, or remove the ports too)",
+        )
+    store.open(plan.settings)

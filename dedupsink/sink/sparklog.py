@@ -1,0 +1,200 @@
+"""Spark's file-sink log of each port, so that Spark's readers see whole windows only.
+
+A directory holding ``_spark_metadata/`` is read by ``spark.read.parquet`` and
+``spark.readStream.parquet`` through that log alone. Entry ``n`` (a file named ``n``) holds
+``v1`` and one JSON file status per line: the files of the port's ``n``-th window. Every tenth
+entry (``n + 1`` divisible by 10) is a *compaction*, ``n.compact``, which repeats every file
+logged before it; readers then skip the entries it replaces.
+
+Each entry is written by a conditional create and its bytes follow from the window's
+publication record alone (the sizes and the modification time are recorded there, not asked of
+the filesystem), so a publication redone after a crash, or by two processes at once, writes
+the same entry once. A compaction is built from the previous compaction (read and checked:
+damage is refused, naming the entry, instead of being copied forward) and the files logged
+since, which the store records; a damaged delta entry is thereby replaced at the next
+compaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from dedupsink.errors import StoreCorruptError
+from dedupsink.store.records import LogEntry, Publication
+from dedupsink.store.storage import basename
+
+if TYPE_CHECKING:
+    from dedupsink.sink.output import Output
+
+SPARK_LOG_DIR = "_spark_metadata"
+COMPACT_INTERVAL = 10
+_BLOCK_SIZE = 128 * 1024 * 1024
+_URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides [A-Za-z0-9_.~-]
+
+
+def is_compaction(log_id: int) -> bool:
+    return (log_id + 1) % COMPACT_INTERVAL == 0
+
+
+def entry_name(log_id: int) -> str:
+    return f"{log_id}.compact" if is_compaction(log_id) else str(log_id)
+
+
+def log_url(url: str) -> str:
+    """A file URL as Spark's sink log must hold it: a URI whose path is percent-encoded.
+
+    Spark reads each entry with ``new Path(new URI(path))``, so a space, ``%`` or ``#`` in the
+    output path must be escaped as Hadoop's ``Path.toUri`` does, or the port cannot be read.
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return quote(url, safe=_URI_PATH_SAFE)
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority}{slash}{quote(path, safe=_URI_PATH_SAFE)}"
+
+
+def status_line(url: str, size: int, modified_ms: int) -> str:
+    status = {
+        "path": log_url(url),
+        "size": size,
+        "isDir": False,
+        "modificationTime": modified_ms,
+        "blockReplication": 1,
+        "blockSize": _BLOCK_SIZE,
+        "action": "add",
+    }
+    return json.dumps(status, separators=(",", ":"))
+
+
+class PortLog:
+    """The sink log of one port of an output."""
+
+    def __init__(self, output: Output, port: str) -> None:
+        self.output = output
+        self.port = port
+
+    def entry_path(self, log_id: int) -> str:
+        return self.output.path(f"{self.port}/{SPARK_LOG_DIR}/{entry_name(log_id)}")
+
+    def exists(self, log_id: int) -> bool:
+        return self.output.storage.exists(self.entry_path(log_id))
+
+    def ids(self) -> list[int]:
+        """The entry ids present, oldest first."""
+        names = self.output.storage.entries(self.output.path(f"{self.port}/{SPARK_LOG_DIR}"))
+        return sorted(int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit())
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def write(self, entry: LogEntry, publication: Publication) -> None:
+        """Write ``entry`` once (a present entry is left as it is)."""
+        lines = self.lines(entry, publication)
+        try:
+            self.output.storage.create(
+                self.entry_path(entry.log_id), ("v1\n" + "\n".join(lines)).encode()
+            )
+        except FileExistsError:
+            return
+
+    def lines(self, entry: LogEntry, publication: Publication) -> list[str]:
+        own = [
+            self._line(target, publication.size_of(target), publication.modified_ms)
+            for target in entry.files
+        ]
+        if not is_compaction(entry.log_id):
+            return own
+        return self._logged_before(entry) + own
+
+    def _line(self, target: str, size: int | None, modified_ms: int) -> str:
+        path = self.output.path(target)
+        if size is None:  # a plan from before sizes were recorded
+            size = self.output.storage.size(path)
+        return status_line(self.output.file_url(target), size, modified_ms)
+
+    def _logged_before(self, entry: LogEntry) -> list[str]:
+        """Every file logged before a compaction entry: the previous compaction's lines, then
+        the files logged since (recorded by the store, or read from their entries)."""
+        previous = entry.log_id - COMPACT_INTERVAL
+        lines = [line for line, _ in self.read(previous)] if previous >= 0 else []
+        if entry.earlier is None:
+            for log_id in range(max(previous + 1, 0), entry.log_id):
+                lines.extend(line for line, _ in self.read(log_id))
+        else:
+            lines.extend(self._line(f.target, f.size, f.modified_ms) for f in entry.earlier)
+        if entry.logged_before is not None and len(lines) != entry.logged_before:
+            raise StoreCorruptError(
+                self.entry_path(previous),
+                f"Spark's sink log of port {self.port} lists {len(lines)} files before entry "
+                f"{entry.log_id}, but {entry.logged_before} were published",
+            )
+        return lines
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(self, log_id: int) -> list[tuple[str, dict[str, Any]]]:
+        """The lines of one entry with their file statuses, checked for damage."""
+        path = self.entry_path(log_id)
+        try:
+            text = self.output.storage.read(path).decode()
+        except FileNotFoundError as exc:
+            raise StoreCorruptError(path, "Spark's sink log entry is missing") from exc
+        except UnicodeDecodeError as exc:
+            raise StoreCorruptError(path, f"Spark's sink log entry is not text: {exc}") from exc
+        return parse_entry(text, path)
+
+    def matches(self, entry: LogEntry, publication: Publication) -> bool:
+        """Whether the entry on disk is intact and lists exactly what ``entry`` plans."""
+        try:
+            present = [line for line, _ in self.read(entry.log_id)]
+            expected = self.lines(entry, publication)
+        except StoreCorruptError:
+            return False
+        return present == expected
+
+    def rewrite(self, entry: LogEntry, publication: Publication) -> None:
+        """Replace entry ``log_id`` (damaged or missing) with the one its plan gives."""
+        self.output.storage.delete([self.entry_path(entry.log_id)])
+        self.write(entry, publication)
+
+
+def parse_entry(text: str, path: str) -> list[tuple[str, dict[str, Any]]]:
+    lines = text.split("\n")
+    if lines[0] != "v1":
+        raise StoreCorruptError(path, "Spark's sink log entry does not start with 'v1'")
+    numbered = [(number, line) for number, line in enumerate(lines[1:], 2) if line.strip()]
+    # One parse of all lines (a compaction holds every file the port ever logged); the
+    # line-by-line parse below runs only to name a damaged line.
+    try:
+        statuses = json.loads("[" + ",".join(line for _, line in numbered) + "]")
+    except ValueError:
+        statuses = None
+    if (
+        isinstance(statuses, list)
+        and len(statuses) == len(numbered)
+        and all(_is_file_status(status) for status in statuses)
+    ):
+        return [(line, status) for (_, line), status in zip(numbered, statuses, strict=True)]
+    for number, line in numbered:
+        try:
+            status = json.loads(line)
+        except ValueError:
+            status = None
+        if not _is_file_status(status):
+            raise StoreCorruptError(path, f"line {number} is not a file status: {line[:200]!r}")
+    raise StoreCorruptError(path, "Spark's sink log entry does not parse line by line")
+
+
+def logged_names(statuses: Iterable[dict[str, Any]]) -> list[str]:
+    return [basename(status["path"]) for status in statuses]
+
+
+def _is_file_status(status: Any) -> bool:
+    return (
+        isinstance(status, dict)
+        and isinstance(status.get("path"), str)
+        and isinstance(status.get("size"), int)
+        and status.get("action") == "add"
+    )

@@ -1,0 +1,178 @@
+"""Who may commit to a store: owners, leases and fences.
+
+A store has at most one *owner*, the query run that committed its latest window, recorded in
+every manifest (``Owner``). The rules, applied by every commit (``claim``, ``next_owner``)
+and checked by every task (``check_not_fenced``):
+
+1. **Safety does not come from this module.** A version is created only if absent, and a
+   commit builds on the version its tasks read, so two writers can never both commit one
+   version, whatever they believe about leases or clocks: a writer that paused and woke up
+   after another took over finds its version taken and fails.
+2. The owner's own run, or another run of the owner's query (a restart from its
+   checkpoint), commits at once; a restart fences the older run.
+3. Another query takes the store when it is released or when the owner's *lease* has lapsed:
+   no commit for the owner's ``ownerTimeout``. While the lease is live, the newcomer's commit
+   waits for it to lapse (at most ``ownerTimeout``), watching the store; if the owner commits
+   meanwhile, the newcomer fails with an error naming it. So after a query stops (``stop()``,
+   the end of an ``availableNow`` run, a crash) the next one starts within ``ownerTimeout``
+   with no manual step, and of two queries running at once one fails, naming the other.
+4. A run that lost the store is *fenced*: recorded in the manifest, it may never commit to the
+   store again, and its tasks fail at once, naming the query that took over. Restarted from
+   its checkpoint, the query is a new run and follows rule 3.
+
+The lease is judged by the newcomer's clock against the owner's recorded commit time, so clock
+skew can only shorten or lengthen the wait (never beyond ``ownerTimeout``); rule 1 holds
+whatever the clocks say. A batch write is a writer of one window: it follows the same rules
+and leaves the store released once committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from dedupsink.errors import StoreOwnershipError
+from dedupsink.store.records import Fence, Owner
+
+if TYPE_CHECKING:
+    from dedupsink.store.format import Manifest
+    from dedupsink.store.store import BucketStore
+
+KEEP_FENCES = 32
+POLL_SECONDS = 0.5
+RELEASED_BY = "release"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Who wants to commit: a query run (a batch write is a query of one window)."""
+
+    query: str
+    run: str
+    timeout_ms: int
+    kind: str = "streaming query"  # or "batch write"
+    keeps_store: bool = True  # a batch write releases the store with its commit
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.query}"
+
+
+def describe_owner(owner: Owner, at_ms: int | None = None) -> str:
+    kind = "batch write" if owner.query.startswith("batch-") else "streaming query"
+    age = "" if at_ms is None else f", last commit {(at_ms - owner.heartbeat_ms) / 1000:.1f}s ago"
+    return f"{kind} {owner.query} (run {owner.run or '-'}{age})"
+
+
+def fence_of(manifest: Manifest, writer: Writer) -> Fence | None:
+    return next(
+        (f for f in manifest.fenced if f.run == writer.run and f.query == writer.query), None
+    )
+
+
+def check_not_fenced(manifest: Manifest, writer: Writer, url: str) -> None:
+    """Refuse a run that lost the store (rule 4), naming who took it."""
+    fence = fence_of(manifest, writer)
+    if fence is None:
+        return
+    how = (
+        "an operator released it (dedupsink release)"
+        if fence.by == RELEASED_BY
+        else f"query {fence.by} took it over after this run's lease lapsed"
+    )
+    raise StoreOwnershipError(
+        f"{writer.describe()} (run {writer.run}) no longer owns store {url}: at version "
+        f"{fence.version} {how}. Stop the other query, then restart this one from its "
+        "checkpoint (a new run) to continue."
+    )
+
+
+def wait_ms(manifest: Manifest, writer: Writer, at_ms: int) -> int:
+    """How long ``writer`` must wait before it may take the store (rules 2 and 3)."""
+    owner = manifest.owner
+    if owner is None or owner.query == writer.query:
+        return 0
+    return max(0, min(owner.lapses_at_ms() - at_ms, owner.timeout_ms))
+
+
+def claim(
+    store: BucketStore,
+    base: Manifest,
+    writer: Writer,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Return once ``writer`` may commit on top of ``base``; raise if another query is using
+    the store (it committed while we waited for its lease) or if ``writer`` was fenced."""
+    check_not_fenced(base, writer, store.url)
+    started = time.monotonic()
+    remaining = wait_ms(base, writer, now_ms()) / 1000
+    while remaining > 0:
+        sleep(min(POLL_SECONDS, remaining))
+        latest = store.latest_version()
+        if latest is not None and latest != base.version:
+            newer = store.read(latest)
+            holder = newer.owner if newer is not None and newer.owner else base.owner
+            who = "another writer" if holder is None else describe_owner(holder)
+            raise StoreOwnershipError(
+                f"store {store.url} is in use by {who}: it committed "
+                f"version {latest} while {writer.describe()} waited "
+                f"{time.monotonic() - started:.1f}s for its lease to lapse. Two queries cannot "
+                "write one store at once: stop one of them."
+            )
+        remaining = wait_ms(base, writer, now_ms()) / 1000
+
+
+def next_owner(
+    base: Manifest, writer: Writer, version: int, at_ms: int
+) -> tuple[Owner | None, list[Fence]]:
+    """The owner and fences of the version ``writer`` commits: it holds the store (a batch
+    write releases it), and a run it took the store from is fenced."""
+    fenced = list(base.fenced)
+    previous = base.owner
+    if previous is not None and previous.run != writer.run:
+        fenced.append(Fence(previous.query, previous.run, writer.query, version))
+    fenced = fenced[-KEEP_FENCES:]
+    if not writer.keeps_store:
+        return None, fenced
+    if previous is not None and previous.run == writer.run:
+        return replace(previous, heartbeat_ms=at_ms, timeout_ms=writer.timeout_ms), fenced
+    return Owner(writer.query, writer.run, at_ms, writer.timeout_ms, version), fenced
+
+
+def released(base: Manifest, version: int) -> list[Fence]:
+    """The fences of a version that releases the store: its owner's run may not come back."""
+    if base.owner is None:
+        return list(base.fenced)
+    fence = Fence(base.owner.query, base.owner.run, RELEASED_BY, version)
+    return [*base.fenced, fence][-KEEP_FENCES:]
+
+
+def release(store: BucketStore, query_id: str | None = None) -> Manifest | None:
+    """Give the store up (after a clean stop) so another query may take it at once.
+
+    The owner's run is fenced: if it was in fact still running, it cannot commit again. A
+    publication a crash left unfinished is carried over, for the next commit to finish."""
+    from dedupsink.errors import StoreError
+
+    manifest = store.read()
+    if manifest is None or manifest.owner is None:
+        return manifest
+    if query_id is not None and manifest.owner.query != query_id:
+        raise StoreError(
+            f"store {store.url} is owned by query {manifest.owner.query}, not {query_id}"
+        )
+    version = manifest.version + 1
+    freed = replace(
+        manifest,
+        version=version,
+        owner=None,
+        fenced=released(manifest, version),
+        committed_ms=now_ms(),
+    )
+    store.commit(freed)
+    return freed

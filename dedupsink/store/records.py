@@ -1,0 +1,252 @@
+"""The commit protocol's state as small typed records, stored inside each manifest.
+
+Each record is frozen and converts to and from the plain msgpack values the manifest holds
+(``to_wire`` / ``from_wire``), so tools can still read a manifest without this package. The
+glossary in docs/ARCHITECTURE.md defines the words used here (window, version, owner, fence,
+publication).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dedupsink.engine.classify import PORTS
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The query run that holds a store: its lease lasts ``timeout_ms`` after its last commit.
+
+    ``run`` tells two runs of one query apart (each start from its checkpoint is a run); a
+    run that lost the store is fenced by it. ``since`` is the version at which this run took
+    the store (its epoch)."""
+
+    query: str
+    run: str
+    heartbeat_ms: int
+    timeout_ms: int
+    since: int
+
+    def lapses_at_ms(self) -> int:
+        return self.heartbeat_ms + self.timeout_ms
+
+    def to_wire(self) -> list[Any]:
+        return [self.query, self.run, self.heartbeat_ms, self.timeout_ms, self.since]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Owner | None:
+        if value is None:
+            return None
+        if isinstance(value, dict):  # format 1: a lease renewed by commits, no runs
+            return cls(value["query"], "", int(value["heartbeat_ms"]), int(value["timeout_ms"]), 0)
+        query, run, heartbeat_ms, timeout_ms, since = value
+        return cls(query, run, int(heartbeat_ms), int(timeout_ms), int(since))
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A query run that lost the store (taken over, or released by an operator): it may never
+    commit to it again, whatever it believes about its lease."""
+
+    query: str
+    run: str
+    by: str  # the query that took the store, or "release"
+    version: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.query, self.run, self.by, self.version]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Fence:
+        query, run, by, version = value
+        return cls(query, run, by, int(version))
+
+
+@dataclass(frozen=True)
+class Move:
+    """One staged port file and the name it is published under (both relative to the output
+    root), with its size in bytes (None in plans written before sizes were recorded)."""
+
+    staged: str
+    target: str
+    size: int | None
+
+    def to_wire(self) -> list[Any]:
+        return [self.staged, self.target, self.size]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Move:
+        staged, target, *size = value
+        return cls(staged, target, size[0] if size else None)
+
+
+@dataclass(frozen=True)
+class Logged:
+    """A published file as a sink-log entry lists it: name (relative to the output root),
+    size and modification time."""
+
+    target: str
+    size: int
+    modified_ms: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.target, self.size, self.modified_ms]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Logged:
+        target, size, modified_ms = value
+        return cls(target, int(size), int(modified_ms))
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One entry of a port's Spark file-sink log: ``<port>/_spark_metadata/<log_id>`` listing
+    ``files`` (targets relative to the output root). ``logged_before`` is how many files the
+    port's log listed before it, which a compaction entry must repeat; a compaction also
+    carries the files logged since the previous compaction (``earlier``: None in plans from
+    before the store recorded them, whose entries are then read)."""
+
+    port: str
+    log_id: int
+    files: tuple[str, ...]
+    logged_before: int | None
+    earlier: tuple[Logged, ...] | None = None
+
+    def to_wire(self) -> list[Any]:
+        earlier = None if self.earlier is None else [f.to_wire() for f in self.earlier]
+        return [self.log_id, list(self.files), self.logged_before, earlier]
+
+    @classmethod
+    def from_wire(cls, port: str, value: Any) -> LogEntry:
+        log_id, files, *rest = value
+        logged_before = int(rest[0]) if rest and rest[0] is not None else None
+        earlier = None
+        if len(rest) > 1 and rest[1] is not None:
+            earlier = tuple(Logged.from_wire(f) for f in rest[1])
+        return cls(port, int(log_id), tuple(files), logged_before, earlier)
+
+
+@dataclass(frozen=True)
+class Publication:
+    """How a committed window becomes readable: the moves of its staged files into the ports,
+    then one log entry per port. Everything a publisher writes follows from this record (sizes
+    and the modification time included), so publishing twice, or by two processes at once,
+    writes the same bytes."""
+
+    window: int
+    folder: str  # the window's staging folder, relative to the output root
+    modified_ms: int
+    moves: tuple[Move, ...]
+    entries: tuple[LogEntry, ...]
+
+    def size_of(self, target: str) -> int | None:
+        for move in self.moves:
+            if move.target == target:
+                return move.size
+        return None
+
+    def entry(self, port: str) -> LogEntry | None:
+        return next((e for e in self.entries if e.port == port), None)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "folder": self.folder,
+            "modified_ms": self.modified_ms,
+            "moves": [move.to_wire() for move in self.moves],
+            "logs": {entry.port: entry.to_wire() for entry in self.entries},
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any, committed_ms: int) -> Publication | None:
+        if value is None:
+            return None
+        # Format 1 named the staging folder by its token.
+        folder = value.get("folder") or f"_staging/{value['token']}"
+        return cls(
+            int(value["window"]),
+            folder,
+            int(value.get("modified_ms", committed_ms)),
+            tuple(Move.from_wire(move) for move in value["moves"]),
+            tuple(LogEntry.from_wire(port, entry) for port, entry in value["logs"].items()),
+        )
+
+
+@dataclass(frozen=True)
+class WindowCounts:
+    """Rows per port of one window (or of a task of it)."""
+
+    unique: int = 0
+    duplicate: int = 0
+    expired: int = 0
+    error: int = 0
+
+    def __getitem__(self, port: str) -> int:
+        return int(getattr(self, port))
+
+    @property
+    def total(self) -> int:
+        return self.unique + self.duplicate + self.expired + self.error
+
+    def __add__(self, other: WindowCounts) -> WindowCounts:
+        return WindowCounts(*(self[p] + other[p] for p in PORTS))
+
+    def moved(self, rows: int, source: str, target: str) -> WindowCounts:
+        """These counts with ``rows`` rows moved from port ``source`` to port ``target``."""
+        values = {p: self[p] for p in PORTS}
+        values[source] -= rows
+        values[target] += rows
+        return WindowCounts(**values)
+
+    def as_dict(self) -> dict[str, int]:
+        return {port: self[port] for port in PORTS}
+
+    def text(self) -> str:
+        return " ".join(f"{port}={self[port]}" for port in PORTS)
+
+    @classmethod
+    def from_dict(cls, value: dict[str, int]) -> WindowCounts:
+        return cls(**{port: int(value.get(port, 0)) for port in PORTS})
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """What a version's window was: who committed it and what it did (for ``inspect`` and the
+    ``dedupsink run`` progress lines)."""
+
+    window: int
+    query: str
+    batch: int
+    counts: WindowCounts = field(default_factory=WindowCounts)
+    new_keys: int = 0
+    cross_partition_duplicates: int = 0
+    dropped_keys: int = 0
+    task_seconds: float = 0.0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "query": self.query,
+            "batch": self.batch,
+            "counts": self.counts.as_dict(),
+            "new_keys": self.new_keys,
+            "cross_partition_duplicates": self.cross_partition_duplicates,
+            "dropped_keys": self.dropped_keys,
+            "task_seconds": self.task_seconds,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> WindowRecord | None:
+        if not value:
+            return None
+        return cls(
+            int(value["window"]),
+            value["query"],
+            int(value["batch"]),
+            WindowCounts.from_dict(value.get("counts", {})),
+            int(value.get("new_keys", 0)),
+            int(value.get("cross_partition_duplicates", 0)),
+            int(value.get("dropped_keys", 0)),
+            float(value.get("task_seconds", 0.0)),
+        )

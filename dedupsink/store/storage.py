@@ -1,0 +1,494 @@
+"""Storage: what the store and the ports need from a filesystem, one class per family.
+
+Every filesystem difference the commit protocol depends on lives here, behind one narrow
+interface (as Delta Lake's LogStore or pyiceberg's FileIO). Each operation states its contract:
+
+* ``create(path, data)``: **conditional create** (put-if-absent). The object appears whole, or
+  the call raises ``FileExistsError`` because the path already exists; of any number of
+  writers racing for one path, in any number of processes, exactly one succeeds. It is the
+  commit point of every store version and the write of every Spark sink-log entry.
+* ``read``, ``read_range``, ``list``, ``exists``: never answered from a cache. An object that
+  any process wrote is seen by the next call of every process (fsspec's listings cache is
+  switched off for every filesystem this module builds).
+* ``write``, ``open_write``: whole-object writes of files nobody reads until a committed
+  version names them (window files, staged port files); a crash leaves at worst an orphan.
+* ``publish(source, target)``: make a staged file readable under its final name, without the
+  bytes passing through this process: a rename where one is atomic and cheap, a server-side
+  copy on object stores (the source then goes with the window's bulk ``delete``). Repeating it,
+  or two processes doing it at once, gives the same result.
+* ``delete(paths)``: remove files, in bulk where the filesystem can; missing files are fine.
+
+============================  ==============================================  ================
+family                        conditional create                              publish
+============================  ==============================================  ================
+local disk (plain, file://)   written aside, fsynced, hard-linked into place  rename
+memory:// (one process)       checked and written under a process-wide lock   move
+hdfs://, viewfs://            written aside, renamed without overwrite        rename
+s3://, s3a:// (s3fs)          PUT with If-None-Match: *                       CopyObject
+gs:// (gcsfs)                 upload with ifGenerationMatch=0                 server-side copy
+abfs://, az:// (adlfs)        upload with If-None-Match: *                    server-side copy
+============================  ==============================================  ================
+
+A filesystem of any other family (fsspec's generic ``pipe_file(mode="create")`` checks and
+then writes, which two writers can both pass) is refused by ``Storage.for_url`` before
+anything is written, naming it and what is supported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import IO, Any, ClassVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+from dedupsink.errors import DedupOptionError, StoreError
+
+__all__ = [
+    "Entry",
+    "Storage",
+    "basename",
+    "join",
+    "parent",
+]
+
+SUPPORTED = (
+    "a local path, file://, memory://, hdfs://, viewfs://, s3://, s3a://, gs://, abfs:// or az://"
+)
+# s3fs copies objects up to this size with one CopyObject request; larger ones need a
+# multipart copy, which fs.copy does.
+_S3_SINGLE_COPY_LIMIT = 5 * 2**30
+_S3_DELETE_BATCH = 1000
+
+
+def join(*parts: str) -> str:
+    """Join path or URL segments with '/', whatever the filesystem."""
+    head, *rest = parts
+    return "/".join([head.rstrip("/"), *(part.strip("/") for part in rest)])
+
+
+def parent(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[0]
+
+
+def basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A listed file: its name (no folder), size, and a tag that changes when it is rewritten
+    (ETag, generation, or modification time and inode on a local disk)."""
+
+    name: str
+    size: int
+    tag: str
+
+
+class Storage:
+    """One filesystem root, reached through fsspec; pickles as its URL and storage options.
+
+    ``root`` is the path of ``url`` inside the filesystem; every method takes such paths
+    (``storage.path(...)`` builds them)."""
+
+    family: ClassVar[str] = ""
+    protocols: ClassVar[tuple[str, ...]] = ()
+    _registry: ClassVar[list[type[Storage]]] = []
+
+    def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str, options: dict[str, Any]):
+        self.url = url
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+        self.options = options
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Storage._registry.append(cls)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Storage.for_url, (self.url, self.options))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- choosing a family -------------------------------------------------------------------
+
+    @staticmethod
+    def for_url(url: str, options: dict[str, Any] | None = None, option: str = "path") -> Storage:
+        """The storage of ``url``; ``option`` names the option it came from in errors.
+
+        The family is chosen from the filesystem class fsspec registers for the URL's protocol,
+        before any instance (or connection) is made, so an unsupported one is refused at once.
+        """
+        options = dict(options or {})
+        protocol, _ = fsspec.core.split_protocol(url)
+        try:
+            fs_class = fsspec.get_filesystem_class(protocol or "file")
+        except ValueError as exc:
+            raise DedupOptionError(option, url, f"{SUPPORTED}: {exc}") from exc
+        except ImportError as exc:
+            raise DedupOptionError(
+                option, url, f"a URL whose fsspec package is installed ({exc})"
+            ) from exc
+        family = next((f for f in Storage._registry if f.handles(fs_class)), None)
+        if family is None:
+            raise DedupOptionError(
+                option,
+                url,
+                f"{SUPPORTED}: the {protocol}:// filesystem ({fs_class.__name__}) offers no atomic "
+                "conditional create, which every commit of the store needs",
+            )
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **family.fs_options(options))
+        except (TypeError, ValueError) as exc:
+            raise DedupOptionError(option, url, f"a URL fsspec can open: {exc}") from exc
+        return family(url, fs, root, options)
+
+    @classmethod
+    def handles(cls, fs_class: type) -> bool:
+        return any(p in _protocols(fs_class) for p in cls.protocols)
+
+    @classmethod
+    def fs_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Storage options for fsspec: the user's, with listings never cached (a listing another
+        process has since changed must not be reused)."""
+        return {**options, "use_listings_cache": False}
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def path(self, *parts: str) -> str:
+        return join(self.root, *parts) if parts else self.root
+
+    def full_url(self, path: str) -> str:
+        """A path of this filesystem as a URL with its protocol."""
+        return str(self.fs.unstrip_protocol(path))
+
+    def protocol_names(self) -> set[str]:
+        """The URL schemes that name this filesystem (``s3`` and ``s3a`` for s3fs)."""
+        return set(_protocols(type(self.fs)))
+
+    # -- reading (never cached) ------------------------------------------------------------------
+
+    def read(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(path))
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        return bytes(self.fs.cat_file(path, start=start, end=end))
+
+    def read_into(self, path: str, offset: int, view: memoryview) -> int:
+        """Fill ``view`` from ``path`` at ``offset``; returns the bytes read (fewer at the end of
+        a short file)."""
+        data = self.read_range(path, offset, offset + len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def entries(self, folder: str) -> dict[str, Entry]:
+        """The files directly in ``folder`` by name; empty when the folder does not exist."""
+        try:
+            infos = self.fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            return {}
+        entries = {}
+        for info in infos:
+            if info.get("type") == "directory":
+                continue
+            entry = self._entry(info)
+            entries[entry.name] = entry
+        return entries
+
+    def _entry(self, info: dict[str, Any]) -> Entry:
+        tag = info.get("ETag") or info.get("etag") or info.get("generation") or ""
+        return Entry(basename(info["name"]), int(info.get("size") or 0), str(tag))
+
+    def folders(self, folder: str) -> list[str]:
+        """The names of the folders directly in ``folder``."""
+        try:
+            infos = self.fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(basename(i["name"]) for i in infos if i.get("type") == "directory")
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def size(self, path: str) -> int:
+        return int(self.fs.info(path).get("size") or 0)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def ensure_folder(self, folder: str) -> None:
+        """Create ``folder`` where folders exist (object stores have none: nothing to do)."""
+        self.fs.makedirs(folder, exist_ok=True)
+
+    def write(self, path: str, data: bytes | Iterable[bytes | memoryview]) -> None:
+        """Write a whole file (replacing any), from bytes or from chunks in order."""
+        self.ensure_folder(parent(path))
+        if isinstance(data, bytes | bytearray):
+            self.fs.pipe_file(path, bytes(data))
+            return
+        with self.fs.open(path, "wb") as handle:
+            for chunk in data:
+                handle.write(chunk)
+
+    def open_write(self, path: str) -> IO[bytes]:
+        self.ensure_folder(parent(path))
+        return self.fs.open(path, "wb")  # type: ignore[no-any-return]
+
+    def create(self, path: str, data: bytes) -> None:
+        """Conditional create: ``data`` appears whole at ``path``, or ``FileExistsError``."""
+        raise NotImplementedError
+
+    def publish(self, source: str, target: str, size: int | None = None) -> None:
+        """Make ``source`` readable as ``target`` (``size``: its bytes, when known)."""
+        raise NotImplementedError
+
+    def _published_already(self, source: str, target: str, exc: Exception) -> None:
+        """A publication found its source gone: fine if an earlier one made the target."""
+        if not self.exists(target):
+            raise StoreError(
+                f"cannot publish {self.full_url(target)}: its staged file "
+                f"{self.full_url(source)} is gone"
+            ) from exc
+
+    def delete(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+
+    def delete_folder(self, folder: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(folder, recursive=True)
+
+    def discard_folder(self, folder: str, files: list[str]) -> None:
+        """Remove ``folder``, whose files are known to be ``files``."""
+        self.delete_folder(folder)
+
+    def check_reachable(self, option: str) -> None:
+        """Fail with an option error if the root cannot be reached (no such bucket, wrong
+        credentials, no endpoint): called once when a query starts, before any output."""
+
+
+class LocalStorage(Storage):
+    """The local disk (and filesystems built on fsspec's LocalFileSystem)."""
+
+    family = "local"
+
+    @classmethod
+    def handles(cls, fs_class: type) -> bool:
+        return issubclass(fs_class, LocalFileSystem)
+
+    def read_into(self, path: str, offset: int, view: memoryview) -> int:
+        filled = 0
+        with self.fs.open(path, "rb") as handle:
+            handle.seek(offset)
+            while filled < len(view):
+                got = handle.readinto(view[filled:])
+                if not got:
+                    break
+                filled += got
+        return filled
+
+    def _entry(self, info: dict[str, Any]) -> Entry:
+        return Entry(
+            basename(info["name"]),
+            int(info.get("size") or 0),
+            f"{info.get('mtime')}:{info.get('ino')}",
+        )
+
+    def create(self, path: str, data: bytes) -> None:
+        # A file written in place could be read half-written, or left torn by a crash; written
+        # aside and synced, then hard-linked, it appears whole. link() refuses an existing name
+        # (rename would silently replace it).
+        aside = join(parent(path), f".{basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+        self.ensure_folder(parent(path))
+        with self.fs.open(aside, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            self.fs.link(aside, path)
+        except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+                raise StoreError(
+                    f"the filesystem at {self.full_url(path)} does not support hard links, "
+                    "which the store's conditional commit needs on a local disk"
+                ) from exc
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(aside)
+
+    def publish(self, source: str, target: str, size: int | None = None) -> None:
+        self.ensure_folder(parent(target))
+        try:
+            self.fs.mv(source, target)
+        except FileNotFoundError as exc:
+            self._published_already(source, target, exc)
+
+
+_MEMORY_LOCK = threading.Lock()
+
+
+class MemoryStorage(Storage):
+    """fsspec's in-process memory filesystem (tests and tools; Spark's workers cannot see it)."""
+
+    family = "memory"
+
+    @classmethod
+    def handles(cls, fs_class: type) -> bool:
+        return issubclass(fs_class, MemoryFileSystem)
+
+    def create(self, path: str, data: bytes) -> None:
+        with _MEMORY_LOCK:
+            if self.fs.exists(path):
+                raise FileExistsError(path)
+            self.fs.pipe_file(path, data)
+
+    def publish(self, source: str, target: str, size: int | None = None) -> None:
+        with _MEMORY_LOCK:
+            if not self.fs.exists(source):
+                self._published_already(source, target, FileNotFoundError(source))
+                return
+            self.fs.mv(source, target)
+
+
+class HdfsStorage(Storage):
+    """HDFS through hdfs-native: renames are atomic and refuse an existing target."""
+
+    family = "hdfs"
+    protocols = ("hdfs", "viewfs")
+
+    def create(self, path: str, data: bytes) -> None:
+        aside = join(parent(path), f".{basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+        self.fs.pipe_file(aside, data)
+        try:
+            self.fs.mv(aside, path)  # hdfs-native renames without overwrite by default
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(aside)
+            raise
+
+    def publish(self, source: str, target: str, size: int | None = None) -> None:
+        try:
+            self.fs.mv(source, target)
+        except FileNotFoundError as exc:
+            self._published_already(source, target, exc)
+        except FileExistsError:
+            self.delete([source])  # an earlier publication made the target
+
+
+class ObjectStorage(Storage):
+    """Object stores: no folders, no rename; a conditional PUT and a server-side copy."""
+
+    def ensure_folder(self, folder: str) -> None:
+        return  # an object's name makes its "folder"; creating one costs a request for nothing
+
+    def create(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data, mode="create")
+
+    def publish(self, source: str, target: str, size: int | None = None) -> None:
+        try:
+            self.fs.copy(source, target)
+        except FileNotFoundError as exc:
+            self._published_already(source, target, exc)
+
+    def delete(self, paths: Iterable[str]) -> None:
+        batch = list(paths)
+        if batch:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(batch)
+
+    def discard_folder(self, folder: str, files: list[str]) -> None:
+        # A folder is only a name prefix here: deleting the known files removes it, without
+        # the listing a recursive delete would need.
+        self.delete(files)
+
+    def check_reachable(self, option: str) -> None:
+        bucket = self.root.split("/", 1)[0]
+        try:
+            self.fs.info(bucket)
+        except FileNotFoundError as exc:
+            raise DedupOptionError(
+                option,
+                self.url,
+                f"a URL in an existing bucket or container: {bucket!r} does not exist",
+            ) from exc
+        except PermissionError as exc:
+            raise DedupOptionError(
+                option, self.url, f"a location these credentials may use (access denied: {exc})"
+            ) from exc
+        except OSError as exc:
+            raise DedupOptionError(
+                option, self.url, f"a reachable location ({type(exc).__name__}: {exc})"
+            ) from exc
+
+
+class S3Storage(ObjectStorage):
+    """Amazon S3 and compatible servers through s3fs."""
+
+    family = "s3"
+    protocols = ("s3", "s3a")
+
+    def read(self, path: str) -> bytes:
+        # A ranged GET: a plain cat_file first asks the object's size with a HEAD.
+        return bytes(self.fs.cat_file(path, start=0))
+
+    def publish(self, source: str, target: str, size: int | None = None) -> None:
+        if size is None or size >= _S3_SINGLE_COPY_LIMIT:
+            super().publish(source, target, size)
+            return
+        bucket, key, _ = self.fs.split_path(target)
+        source_bucket, source_key, _ = self.fs.split_path(source)
+        try:
+            # One CopyObject; fs.copy would first HEAD the source and list both folders.
+            self.fs.call_s3(
+                "copy_object",
+                Bucket=bucket,
+                Key=key,
+                CopySource={"Bucket": source_bucket, "Key": source_key},
+            )
+        except FileNotFoundError as exc:
+            self._published_already(source, target, exc)
+
+    def exists(self, path: str) -> bool:
+        # One HEAD: fs.exists also lists the parent when the object is missing.
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def delete(self, paths: Iterable[str]) -> None:
+        # DeleteObjects, a thousand keys a request; fs.rm(list) would read '[' in a key as a
+        # glob pattern.
+        batch = list(paths)
+        for start in range(0, len(batch), _S3_DELETE_BATCH):
+            chunk = batch[start : start + _S3_DELETE_BATCH]
+            fsspec.asyn.sync(self.fs.loop, self.fs._bulk_delete, chunk)
+
+
+class GcsStorage(ObjectStorage):
+    """Google Cloud Storage through gcsfs."""
+
+    family = "gcs"
+    protocols = ("gs", "gcs")
+
+
+class AzureStorage(ObjectStorage):
+    """Azure Blob Storage and ADLS Gen2 through adlfs."""
+
+    family = "azure"
+    protocols = ("abfs", "az", "abfss")
+
+
+def _protocols(fs_class: type) -> tuple[str, ...]:
+    protocol = getattr(fs_class, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
