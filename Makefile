@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Microsoft's Azure Blob emulator, for the tests
+AZURITE_VERSION := 3.37.0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
@@ -16,8 +18,10 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found; set PYTHON=...)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,hdfs]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[dev,hdfs,test]' --config-settings editable_mode=compat
 	$(VENV)/bin/dedupsink precompile  # PySpark's archive, as Spark's Python workers import it
+	@command -v npm >/dev/null 2>&1 || { echo "npm is needed for the tests' Azure emulator"; exit 2; }
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@$(AZURITE_VERSION)
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install dedupsink with its dev tools

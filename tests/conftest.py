@@ -12,6 +12,11 @@ import pytest
 # Spark's Python workers must run this interpreter (the venv's), not whatever python3 is first.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# gcsfs otherwise probes every bucket's type over gRPC first (a minute against an emulator); set
+# before gcsfs is imported, here and in every process Spark starts.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+from servers import Azurite, FakeGcs, S3Server  # noqa: E402
 
 
 def build_session(master: str, app: str):  # type: ignore[no-untyped-def]
@@ -40,3 +45,36 @@ def spark() -> Iterator[object]:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 API server on 127.0.0.1, for the whole session."""
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server) -> Iterator[S3Server]:
+    """The S3 server with its request counts reset and no fault left armed."""
+    s3_server.reset_counts()
+    s3_server.clear_faults()
+    yield s3_server
+    s3_server.clear_faults()
+
+
+@pytest.fixture(scope="session")
+def azure() -> Iterator[Azurite]:
+    """Azurite, Microsoft's Azure Blob emulator, on 127.0.0.1 (installed by make install)."""
+    server = Azurite().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs() -> Iterator[FakeGcs]:
+    """fake-gcs-server on 127.0.0.1."""
+    server = FakeGcs().start()
+    yield server
+    server.stop()

@@ -1,0 +1,169 @@
+"""The contract of ``store/storage.py`` on every supported filesystem family, against real servers.
+
+Every test runs on the local disk, ``memory://``, S3 (moto's server), Azure Blob (Azurite) and
+Google Cloud Storage (fake-gcs-server). The heart of it: eight writers (processes; threads for
+``memory://``, which lives in one process) commit the same next store version at the same
+moment, 200 rounds: exactly one wins each round, every other gets a conflict, every writer's
+next listing shows the new version, and the store reads back the winner's manifest.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from racing import manifest_of, race
+from servers import Azurite, FakeGcs, Remote, S3Server
+
+from dedupsink.errors import DedupOptionError, StoreError
+from dedupsink.store.storage import Storage
+from dedupsink.store.store import BucketStore
+
+FAMILIES = ["local", "memory", "s3", "azure", "gcs"]
+WRITERS = 8
+ROUNDS = 200
+
+
+@pytest.fixture(params=FAMILIES)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Remote]:
+    """A fresh, empty location on one family's filesystem."""
+    family = request.param
+    if family == "local":
+        yield Remote(str(tmp_path / "root"), {})
+    elif family == "memory":
+        yield Remote(f"memory://contract-{uuid.uuid4().hex}", {})
+    else:
+        server: S3Server | Azurite | FakeGcs = request.getfixturevalue(
+            {"s3": "s3", "azure": "azure", "gcs": "gcs"}[family]
+        )
+        yield server.remote("contract")
+
+
+def storage(location: Remote, **extra: Any) -> Storage:
+    return Storage.for_url(location.url, {**location.storage_options, **extra})
+
+
+def another_process(location: Remote) -> Storage:
+    """A filesystem instance of its own, as another process would have."""
+    return storage(location, skip_instance_cache=True)
+
+
+def test_the_family_is_chosen_from_the_url(location: Remote) -> None:
+    family = storage(location).family
+    expected = {"file": "local", "memory": "memory", "s3": "s3", "abfs": "azure", "gs": "gcs"}
+    scheme = location.url.partition("://")[0] if "://" in location.url else "file"
+    assert family == expected[scheme]
+
+
+def test_create_makes_a_new_object_whole_and_refuses_an_existing_one(location: Remote) -> None:
+    fs = storage(location)
+    path = fs.path("log", "000001.manifest")
+    fs.create(path, b"first writer")
+    assert another_process(location).read(path) == b"first writer"
+    with pytest.raises(FileExistsError):
+        fs.create(path, b"second writer")
+    with pytest.raises(FileExistsError):
+        another_process(location).create(path, b"third writer")
+    assert fs.read(path) == b"first writer"
+    assert [name for name in fs.entries(fs.path("log"))] == ["000001.manifest"]
+
+
+def test_reads_and_listings_see_what_another_instance_wrote_since(location: Remote) -> None:
+    mine, theirs = storage(location), another_process(location)
+    folder = mine.path("data")
+    mine.write(mine.path("data", "a"), b"a")
+    assert set(mine.entries(folder)) == {"a"}
+    assert not mine.exists(mine.path("data", "b"))
+    theirs.write(theirs.path("data", "b"), b"bb")
+    assert set(mine.entries(folder)) == {"a", "b"}
+    assert mine.exists(mine.path("data", "b"))
+    assert mine.entries(folder)["b"].size == 2
+    theirs.write(theirs.path("data", "b"), b"bbb")
+    assert mine.read(mine.path("data", "b")) == b"bbb"
+    assert mine.entries(mine.path("nothing-here")) == {}
+
+
+def test_ranged_reads_return_the_bytes_asked_for(location: Remote) -> None:
+    fs = storage(location)
+    path = fs.path("data", "ranges")
+    fs.write(path, bytes(range(256)) * 4)
+    assert fs.read_range(path, 10, 20) == bytes(range(10, 20))
+    view = memoryview(bytearray(16))
+    assert fs.read_into(path, 1020, view) == 4  # a short read at the end
+    assert bytes(view[:4]) == bytes(range(252, 256))
+    with pytest.raises(FileNotFoundError):
+        fs.read(fs.path("data", "absent"))
+
+
+def test_publish_makes_a_staged_file_readable_and_is_safe_to_repeat(location: Remote) -> None:
+    fs = storage(location)
+    staged, target = fs.path("_staging", "w1", "p0.parquet"), fs.path("unique", "part-1.parquet")
+    fs.write(staged, b"rows")
+    fs.publish(staged, target, 4)
+    assert another_process(location).read(target) == b"rows"
+    fs.publish(staged, target, 4)  # a publication redone after a crash
+    fs.delete([staged])
+    fs.publish(staged, target, 4)  # the source already gone: the target says it is done
+    assert fs.read(target) == b"rows"
+    with pytest.raises(StoreError, match="is gone"):
+        fs.publish(fs.path("_staging", "w1", "lost.parquet"), fs.path("unique", "x.parquet"), 4)
+
+
+def test_delete_removes_in_bulk_and_ignores_missing_files(location: Remote) -> None:
+    fs = storage(location)
+    paths = [fs.path("data", f"f{i}") for i in range(5)]
+    for path in paths:
+        fs.write(path, b"x")
+    fs.delete([*paths[:3], fs.path("data", "never-written")])
+    assert set(fs.entries(fs.path("data"))) == {"f3", "f4"}
+    fs.discard_folder(fs.path("data"), paths[3:])
+    assert fs.entries(fs.path("data")) == {}
+
+
+def test_a_storage_travels_as_its_url_and_options(location: Remote) -> None:
+    import pickle
+
+    fs = storage(location)
+    fs.write(fs.path("data", "x"), b"x")
+    copy = pickle.loads(pickle.dumps(fs))
+    assert (copy.url, copy.family) == (fs.url, fs.family)
+    assert copy.read(copy.path("data", "x")) == b"x"
+
+
+@pytest.mark.parametrize("family", ["s3", "azure", "gcs"])
+def test_a_bucket_that_does_not_exist_is_an_option_error_naming_it(
+    request: pytest.FixtureRequest, family: str
+) -> None:
+    server = request.getfixturevalue(family)
+    scheme = {"s3": "s3", "azure": "abfs", "gcs": "gs"}[family]
+    url = f"{scheme}://no-such-bucket-{uuid.uuid4().hex[:8]}/out"
+    fs = Storage.for_url(url, server.storage_options, "storePath")
+    with pytest.raises(DedupOptionError) as caught:
+        fs.check_reachable("storePath")
+    assert caught.value.option == "storePath"
+    assert "does not exist" in str(caught.value) and url in str(caught.value)
+
+
+def test_eight_writers_racing_for_each_version_leave_exactly_one_winner(location: Remote) -> None:
+    store_url = f"{location.url}/race/_store"
+    outcomes = race(
+        store_url,
+        location.storage_options,
+        WRITERS,
+        ROUNDS,
+        threads=location.url.startswith("memory://"),
+    )
+    assert sorted(outcomes) == list(range(WRITERS))
+    errors = [o for rounds in outcomes.values() for o in rounds if o.startswith("error")]
+    assert not errors, errors[:3]
+    store = BucketStore(store_url, location.storage_options)
+    assert store.versions()[-1] == ROUNDS
+    for version in range(1, ROUNDS + 1):
+        winners = [w for w, rounds in outcomes.items() if rounds[version - 1].startswith("won")]
+        assert len(winners) == 1, f"version {version}: winners {winners}"
+        assert store.read(version) == manifest_of(winners[0], version), f"version {version}"
+    lost = sum(o.startswith("lost") for rounds in outcomes.values() for o in rounds)
+    assert lost == (WRITERS - 1) * ROUNDS
