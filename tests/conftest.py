@@ -16,7 +16,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # before gcsfs is imported, here and in every process Spark starts.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-from servers import Azurite, FakeGcs, S3Server  # noqa: E402
+from servers import Azurite, FakeGcs, Remote, S3Server
 
 
 def build_session(master: str, app: str):  # type: ignore[no-untyped-def]
@@ -62,6 +62,16 @@ def s3(s3_server: S3Server) -> Iterator[S3Server]:
     s3_server.clear_faults()
     yield s3_server
     s3_server.clear_faults()
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(request: pytest.FixtureRequest, workdir: Path) -> Path | Remote:
+    """Where a Spark test's sink writes: a local directory, or a prefix on the S3 server (the
+    store and the ports; Spark's own checkpoint stays local)."""
+    if request.param == "local":
+        return workdir / "out"
+    server: S3Server = request.getfixturevalue("s3")
+    return server.remote("sink")
 
 
 @pytest.fixture(scope="session")

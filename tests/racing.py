@@ -3,8 +3,8 @@
 ``race`` starts ``writers`` processes (spawned: nothing inherited but the arguments), each of
 which, for every round, waits at a shared barrier and then commits version ``round`` of the
 store at ``url`` with a manifest that names the writer. Each records whether it won or got
-``StoreConflictError`` (and that its next listing showed the version); the caller checks that exactly one won every round and that the store
-reads back the winner's manifest.
+``StoreConflictError`` (and that its next listing showed the version); the caller checks that
+exactly one won every round and that the store reads back the winner's manifest.
 """
 
 from __future__ import annotations

@@ -16,8 +16,47 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from servers import Remote
 
 PORT_NAMES = ("unique", "duplicate", "expired", "error")
+# Where a test's sink writes: a local directory, or a location on a storage server.
+Output = Path | Remote
+
+
+def as_remote(output: Output) -> Remote:
+    return output if isinstance(output, Remote) else Remote(str(output), {})
+
+
+def sink_target(output: Output) -> dict[str, str]:
+    """The sink options that point it at ``output``: its path and storage options."""
+    remote = as_remote(output)
+    return {"path": remote.url, **remote.sink_options}
+
+
+def _root(output: Output) -> tuple[Any, str]:
+    remote = as_remote(output)
+    fs = remote.fs()
+    return fs, fs._strip_protocol(remote.url).rstrip("/")
+
+
+def files_under(output: Output, folder: str = "") -> dict[str, int]:
+    """Every file under ``output`` (or a folder of it) with its size, by relative path."""
+    fs, root = _root(output)
+    base = f"{root}/{folder}".rstrip("/")
+    try:
+        found = fs.find(base, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {
+        name[len(base) + 1 :]: int(info.get("size") or 0)
+        for name, info in found.items()
+        if info.get("type") != "directory"
+    }
+
+
+def read_text(output: Output, relative: str) -> str:
+    fs, root = _root(output)
+    return bytes(fs.cat_file(f"{root}/{relative}")).decode()
 
 
 def write_batches(input_dir: Path, batches: Sequence[pa.Table], start: int = 0) -> None:
@@ -35,7 +74,7 @@ def write_batches(input_dir: Path, batches: Sequence[pa.Table], start: int = 0) 
 def run_stream(
     spark: Any,
     input_dir: Path,
-    output: Path,
+    output: Output,
     options: Mapping[str, str],
     checkpoint: Path,
     schema: Any = None,
@@ -46,7 +85,7 @@ def run_stream(
     query = start_stream(
         spark,
         input_dir,
-        {"path": str(output), **options},
+        {**sink_target(output), **options},
         checkpoint,
         schema=schema,
         files_per_batch=files_per_batch,
@@ -55,12 +94,13 @@ def run_stream(
     query.awaitTermination()
 
 
-def read_port(output: Path, port: str) -> pa.Table:
+def read_port(output: Output, port: str) -> pa.Table:
     """A port read by pyarrow (which ignores _spark_metadata and _staging)."""
-    return ds.dataset(str(output / port), format="parquet").to_table()
+    fs, root = _root(output)
+    return ds.dataset(f"{root}/{port}", filesystem=fs, format="parquet").to_table()
 
 
-def port_values(output: Path, port: str, column: str) -> list[Any]:
+def port_values(output: Output, port: str, column: str) -> list[Any]:
     return sorted(read_port(output, port).column(column).to_pylist(), key=repr)
 
 
@@ -68,7 +108,7 @@ def spark_counts(spark: Any, output: Path) -> dict[str, int]:
     return {port: spark.read.parquet(str(output / port)).count() for port in PORT_NAMES}
 
 
-def arrow_counts(output: Path) -> dict[str, int]:
+def arrow_counts(output: Output) -> dict[str, int]:
     return {port: read_port(output, port).num_rows for port in PORT_NAMES}
 
 
@@ -226,14 +266,14 @@ def frozen(value: Any) -> Any:
     return value
 
 
-def port_rows(output: Path, port: str, columns: Sequence[str]) -> Counter[tuple[Any, ...]]:
+def port_rows(output: Output, port: str, columns: Sequence[str]) -> Counter[tuple[Any, ...]]:
     """A port's rows over ``columns`` (the input's; ``_dedup_error`` left out)."""
     table = read_port(output, port).select(list(columns))
     return Counter(frozen(tuple(row[c] for c in columns)) for row in table.to_pylist())
 
 
 def assert_matches_reference(
-    output: Path, expected: Mapping[str, Counter[tuple[Any, ...]]], columns: Sequence[str]
+    output: Output, expected: Mapping[str, Counter[tuple[Any, ...]]], columns: Sequence[str]
 ) -> None:
     actual = {port: port_rows(output, port, columns) for port in PORT_NAMES}
     assert actual == dict(expected)
@@ -242,9 +282,8 @@ def assert_matches_reference(
 # -- what must hold of the ports after every scenario -----------------------------------------
 
 
-def spark_log_names(port_dir: Path) -> list[str]:
-    log_dir = port_dir / "_spark_metadata"
-    return sorted(p.name for p in log_dir.iterdir()) if log_dir.exists() else []
+def spark_log_names(output: Output, port: str) -> list[str]:
+    return sorted(name for name in files_under(output, f"{port}/_spark_metadata"))
 
 
 def expected_log_names(windows: int) -> list[str]:
@@ -252,48 +291,44 @@ def expected_log_names(windows: int) -> list[str]:
     return sorted(f"{i}.compact" if (i + 1) % 10 == 0 else str(i) for i in range(windows))
 
 
-def logged_file_names(port_dir: Path) -> set[str]:
+def logged_file_names(output: Output, port: str) -> set[str]:
     names: set[str] = set()
-    for entry in spark_log_names(port_dir):
-        lines = (port_dir / "_spark_metadata" / entry).read_text().splitlines()
+    for entry in spark_log_names(output, port):
+        lines = read_text(output, f"{port}/_spark_metadata/{entry}").splitlines()
         assert lines[0] == "v1", f"{entry}: {lines[0]!r}"
         names.update(json.loads(line)["path"].rsplit("/", 1)[-1] for line in lines[1:] if line)
     return names
 
 
-def port_file_names(port_dir: Path) -> set[str]:
+def port_file_names(output: Output, port: str) -> set[str]:
     """Every file in a port directory outside Spark's log, at any depth."""
-    return {
-        p.relative_to(port_dir).as_posix()
-        for p in port_dir.rglob("*")
-        if p.is_file() and "_spark_metadata" not in p.relative_to(port_dir).parts
-    }
+    return {name for name in files_under(output, port) if "_spark_metadata" not in name.split("/")}
 
 
-def check_ports(spark: Any, output: Path, columns: Sequence[str], windows: int) -> None:
+def check_ports(spark: Any, output: Output, columns: Sequence[str], windows: int) -> None:
     """The invariants of every scenario (SPEC 1 and 3.6), whatever the rows.
 
-    Spark (through ``_spark_metadata``) and pyarrow (through the directory) count the same rows;
-    every port has its schema even when empty; each window has one log entry per port, with
-    contiguous ids and a compaction every ten; a port directory holds exactly the logged files,
-    so nothing staged or left by a failed attempt is visible to any reader.
+    Spark (through ``_spark_metadata``) and pyarrow (through the directory) count the same rows
+    (Spark reads local outputs only: it has no S3 connector here); every port has its schema
+    even when empty; each window has one log entry per port, with contiguous ids and a
+    compaction every ten; a port directory holds exactly the logged files, so nothing staged or
+    left by a failed attempt is visible to any reader.
     """
-    assert spark_counts(spark, output) == arrow_counts(output)
+    local = isinstance(output, Path)
+    if local:
+        assert spark_counts(spark, output) == arrow_counts(output)
     for port in PORT_NAMES:
         names = [*columns, "_dedup_error"] if port == "error" else list(columns)
-        port_dir = output / port
-        assert spark.read.parquet(str(port_dir)).columns == names, port
+        if local:
+            assert spark.read.parquet(str(output / port)).columns == names, port
         assert read_port(output, port).schema.names == names, port
-        assert spark_log_names(port_dir) == expected_log_names(windows), port
-        files = port_file_names(port_dir)
-        assert all("/" not in name and not name.startswith(("_", ".")) for name in files), files
-        assert files == logged_file_names(port_dir), port
+        assert spark_log_names(output, port) == expected_log_names(windows), port
+        files = port_file_names(output, port)
+        assert all("/" not in name and not name.startswith(("_", "."))
+                   for name in files), files  # fmt: skip
+        assert files == logged_file_names(output, port), port
 
 
-def output_listing(output: Path) -> dict[str, int]:
+def output_listing(output: Output) -> dict[str, int]:
     """Every file under ``output`` with its size: to show that nothing was written."""
-    if not output.exists():
-        return {}
-    return {
-        p.relative_to(output).as_posix(): p.stat().st_size for p in output.rglob("*") if p.is_file()
-    }
+    return files_under(output)

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from streams import (
+    Output,
     assert_matches_reference,
     check_ports,
     port_values,
@@ -55,10 +56,11 @@ def run_and_compare(
     files_per_batch: int = 1,
     repartition: int | None = None,
     max_jump: float | None = None,
-) -> Path:
+    output: Output | None = None,
+) -> Output:
     """Stream ``batches`` through the sink; assert ports equal the reference; return the output."""
     write_batches(workdir / "in", batches)
-    output = workdir / "out"
+    output = workdir / "out" if output is None else output
     run_stream(
         spark,
         workdir / "in",
@@ -77,14 +79,14 @@ def run_and_compare(
 
 
 def test_basic_mode_finds_duplicates_across_windows_and_sends_null_keys_to_error(
-    spark: Any, workdir: Path
+    spark: Any, workdir: Path, place: Output
 ) -> None:
     batches = [
         table(id=[1, 2, 2, 3, None], name=["a", "b", "b", "c", "x"]),
         table(id=[1, 4, 4, None], name=["a again", "d", "d", "y"]),
         table(id=[4, 5, 2], name=["d", "e", "b"]),
     ]
-    output = run_and_compare(spark, workdir, batches, {"keys": "id"}, "basic", ["id"])
+    output = run_and_compare(spark, workdir, batches, {"keys": "id"}, "basic", ["id"], output=place)
     assert port_values(output, "unique", "id") == [1, 2, 3, 4, 5]
     assert port_values(output, "expired", "id") == []
     errors = read_port(output, "error")
@@ -135,7 +137,7 @@ def test_nested_key_column_is_addressed_by_dotted_name(spark: Any, workdir: Path
 
 
 def test_tuple_time_expires_at_the_seed_boundary_one_row_per_window(
-    spark: Any, workdir: Path
+    spark: Any, workdir: Path, place: Output
 ) -> None:
     """Latest 31-12-2014 00:00, period 1 day: 30-12 00:00 is expired, 30-12 00:11 is checked."""
     rows = [
@@ -148,7 +150,9 @@ def test_tuple_time_expires_at_the_seed_boundary_one_row_per_window(
     ]
     batches = [table(id=[key], at=timestamps(at)) for key, at in rows]
     options = {"keys": "id", "expiryKey": "at", "expiryPeriod": "1 day"}
-    output = run_and_compare(spark, workdir, batches, options, "tupleTime", ["id"], DAY_MICROS)
+    output = run_and_compare(
+        spark, workdir, batches, options, "tupleTime", ["id"], DAY_MICROS, output=place
+    )
     assert port_values(output, "expired", "id") == ["b"]
     assert port_values(output, "unique", "id") == ["a", "c"]
     assert port_values(output, "duplicate", "id") == ["a", "c"]
@@ -180,12 +184,16 @@ def test_tuple_time_over_text_column_sends_unreadable_times_to_error(
     }
 
 
-def test_ordered_mode_reproduces_the_operator_guide_table(spark: Any, workdir: Path) -> None:
+def test_ordered_mode_reproduces_the_operator_guide_table(
+    spark: Any, workdir: Path, place: Output
+) -> None:
     """Period 10, one row per window, expiry keys 10 20 25 40 21 35 45 57: only 21 expires."""
     values = [10, 20, 25, 40, 21, 35, 45, 57]
     batches = [table(tuple_id=[f"T{i + 1}"], key=[v]) for i, v in enumerate(values)]
     options = {"keys": "tuple_id", "expiryKey": "key", "expiryPeriod": "10"}
-    output = run_and_compare(spark, workdir, batches, options, "ordered", ["tuple_id"], 10)
+    output = run_and_compare(
+        spark, workdir, batches, options, "ordered", ["tuple_id"], 10, output=place
+    )
     assert port_values(output, "expired", "key") == [21]
     assert port_values(output, "unique", "key") == [10, 20, 25, 35, 40, 45, 57]
 
@@ -209,7 +217,7 @@ def test_ordered_mode_with_resent_copies_and_null_expiry_matches_reference(
 
 
 def test_categorical_mode_expires_categories_older_than_the_period(
-    spark: Any, workdir: Path
+    spark: Any, workdir: Path, place: Output
 ) -> None:
     batches = [
         table(id=[1, 2], city=["Austin", "Austin"]),
@@ -218,13 +226,15 @@ def test_categorical_mode_expires_categories_older_than_the_period(
         table(id=[3, 7, 4], city=["Boston", "Denver", "Chicago"]),
     ]
     options = {"keys": "id", "expiryKey": "city", "expiryPeriod": "1"}
-    output = run_and_compare(spark, workdir, batches, options, "categorical", ["id"], 1)
+    output = run_and_compare(
+        spark, workdir, batches, options, "categorical", ["id"], 1, output=place
+    )
     assert port_values(output, "expired", "id") == [3, 5]
     assert port_values(output, "duplicate", "id") == [1, 4]
 
 
 def test_system_time_mode_with_a_long_period_finds_duplicates_across_windows(
-    spark: Any, workdir: Path
+    spark: Any, workdir: Path, place: Output
 ) -> None:
     batches = [
         table(id=[1, 2, 2], body=["a", "b", "b"]),
@@ -233,7 +243,9 @@ def test_system_time_mode_with_a_long_period_finds_duplicates_across_windows(
     ]
     options = {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 day"}
     # Windows are milliseconds apart: with a day's period nothing can expire.
-    output = run_and_compare(spark, workdir, batches, options, "systemTime", ["id"], 1e18)
+    output = run_and_compare(
+        spark, workdir, batches, options, "systemTime", ["id"], 1e18, output=place
+    )
     assert port_values(output, "unique", "id") == [1, 2, 3, 4]
     assert port_values(output, "duplicate", "id") == [1, 2, 2, 3]
 
@@ -297,7 +309,12 @@ def test_window_of_an_empty_file_still_gets_its_log_entry_in_every_port(
     ],
 )
 def test_copies_of_one_window_over_three_partitions_leave_one_unique_per_key(
-    spark: Any, workdir: Path, mode: str, options: dict[str, str], period: float | None
+    spark: Any,
+    workdir: Path,
+    place: Output,
+    mode: str,
+    options: dict[str, str],
+    period: float | None,
 ) -> None:
     """Each key comes 2 to 4 times per window, round-robin over three partitions.
 
@@ -313,7 +330,9 @@ def test_copies_of_one_window_over_three_partitions_leave_one_unique_per_key(
         window(list(range(6, 18)), 3, "B"),
         pa.concat_tables([window(list(range(6)), 2, "A"), window([20, 21, 22, 23], 2, "C")]),
     ]
-    output = run_and_compare(spark, workdir, batches, options, mode, ["id"], period, repartition=3)
+    output = run_and_compare(
+        spark, workdir, batches, options, mode, ["id"], period, repartition=3, output=place
+    )
     unique = Counter(read_port(output, "unique").column("id").to_pylist())
     assert set(unique.values()) == {1}
     assert set(unique) == {*range(18), 20, 21, 22, 23}
@@ -341,7 +360,7 @@ def test_spark_log_compacts_every_ten_windows_and_readers_still_see_every_row(
     batches = [table(id=[i, i + 1], body=[f"r{i}", f"s{i}"]) for i in range(21)]
     output = run_and_compare(spark, workdir, batches, {"keys": "id"}, "basic", ["id"])
     for port in ("unique", "duplicate", "expired", "error"):
-        assert {"9.compact", "19.compact", "20"} <= set(spark_log_names(output / port))
+        assert {"9.compact", "19.compact", "20"} <= set(spark_log_names(output, port))
     assert spark.read.parquet(str(output / "unique")).count() == 22
     assert spark.read.parquet(str(output / "duplicate")).count() == 20
     # A streaming reader of a port goes through the same log.

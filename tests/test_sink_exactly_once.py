@@ -26,14 +26,18 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.types import StructType
 from streams import (
     PORT_NAMES,
+    Output,
     arrow_counts,
+    as_remote,
     assert_matches_reference,
     check_ports,
+    files_under,
     output_listing,
     reference_outputs,
     run_jobs,
     run_script,
     run_stream,
+    sink_target,
     start_stream,
     windows_of,
     write_batches,
@@ -75,7 +79,7 @@ def expected(windows: list[pa.Table], mode: str = "ordered") -> dict[str, Any]:
     return reference_outputs(windows, "ordered", ["id"], "seq", 10)
 
 
-def port_listing(output: Path) -> dict[str, int]:
+def port_listing(output: Output) -> dict[str, int]:
     """The files readers can see: everything in the port directories, logs included."""
     return {
         name: size
@@ -84,9 +88,8 @@ def port_listing(output: Path) -> dict[str, int]:
     }
 
 
-def staged_files(output: Path) -> list[Path]:
-    staging = output / "_staging"
-    return [p for p in staging.rglob("*") if p.is_file()] if staging.exists() else []
+def staged_files(output: Output) -> list[str]:
+    return list(files_under(output, "_staging"))
 
 
 # -- in this process, on the shared local[2] session -----------------------------------------
@@ -94,9 +97,9 @@ def staged_files(output: Path) -> list[Path]:
 
 @pytest.mark.spark
 def test_restart_from_checkpoint_with_more_files_continues_as_one_stream(
-    spark: Any, workdir: Path
+    spark: Any, workdir: Path, place: Output
 ) -> None:
-    data, output, checkpoint = events(), workdir / "out", workdir / "chk"
+    data, output, checkpoint = events(), place, workdir / "chk"
     write_batches(workdir / "in", data[:3])
     run_stream(spark, workdir / "in", output, ORDERED, checkpoint)
     assert_matches_reference(output, expected(data[:3]), COLUMNS)
@@ -107,15 +110,17 @@ def test_restart_from_checkpoint_with_more_files_continues_as_one_stream(
 
 
 @pytest.mark.spark
-def test_batch_rerun_after_its_sink_commit_changes_nothing(spark: Any, workdir: Path) -> None:
-    data, output, checkpoint = events(), workdir / "out", workdir / "chk"
+def test_batch_rerun_after_its_sink_commit_changes_nothing(
+    spark: Any, workdir: Path, place: Output
+) -> None:
+    data, output, checkpoint = events(), place, workdir / "chk"
     write_batches(workdir / "in", data[:4])
     run_stream(spark, workdir / "in", output, ORDERED, checkpoint)
     before = port_listing(output)
     # Spark forgets that batch 3 finished: the sink committed it, the checkpoint did not.
     (checkpoint / "commits" / "3").unlink()
     (checkpoint / "commits" / ".3.crc").unlink(missing_ok=True)  # Hadoop's checksum beside it
-    query = start_stream(spark, workdir / "in", {"path": str(output), **ORDERED}, checkpoint)
+    query = start_stream(spark, workdir / "in", {**sink_target(output), **ORDERED}, checkpoint)
     query.awaitTermination()
     assert query.lastProgress["batchId"] == 3, "Spark should have run batch 3 again"
     assert (checkpoint / "commits" / "3").exists()
@@ -132,14 +137,15 @@ def test_batch_rerun_after_its_sink_commit_changes_nothing(spark: Any, workdir: 
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["basic", "ordered"])
 def test_fresh_checkpoint_after_release_finds_every_reread_row_duplicate_or_expired(
-    spark: Any, workdir: Path, mode: str
+    spark: Any, workdir: Path, mode: str, place: Output
 ) -> None:
-    data, output = events(), workdir / "out"
+    data, output = events(), place
     options = {"keys": "id"} if mode == "basic" else ORDERED
     write_batches(workdir / "in", data)
     run_stream(spark, workdir / "in", output, options, workdir / "chk-1")
     first = arrow_counts(output)
-    dedupsink.release(str(output))
+    remote = as_remote(output)
+    dedupsink.release(remote.url, storage_options=remote.storage_options)
     run_stream(spark, workdir / "in", output, options, workdir / "chk-2")
     # The store remembers the first query's keys: the same windows again, continuing the state.
     assert_matches_reference(output, expected(data + data, mode), COLUMNS)
