@@ -87,6 +87,7 @@ class S3Request:
     key: str
     status: int = 0
     keys: list[str] = dataclasses.field(default_factory=list)  # a DeleteObjects request's
+    at: float = dataclasses.field(default_factory=time.time)
 
 
 @dataclasses.dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -98,12 +99,19 @@ def _log_to_stderr_if_unconfigured() -> None:
 
 
 _COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+# Spark describes each micro-batch's jobs as "<name>\nid = <query>\nrunId = <run>\nbatch = <n>";
+# the run id (a new one at each start of the query) is nowhere else in a task's context.
+_RUN_ID = re.compile(r"^runId = (\S+)$", re.MULTILINE)
 
 
 def _planning_a_commit() -> bool:
     """Whether Spark is building the writer only to run a commit on it: its commit runner plans
     the write again for every micro-batch. The commit reads and checks the store itself, so the
-    start-of-query checks (a dozen requests on an object store) are left out there."""
+    start-of-query checks (a dozen requests on an object store) are left out there. Spark runs
+    the runner as a program (``python -m``) or, through its daemon, as an imported module."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main is not None and main.name == _COMMIT_RUNNER:
+        return True
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == _COMMIT_RUNNER:
@@ -130,8 +138,13 @@ def current_task(plan: SinkPlan) -> TaskIdentity:
     query_id = context.getLocalProperty("sql.streaming.queryId")
     if batch_id is None or query_id is None:
         raise DedupError("the dedup sink is a streaming sink: use df.writeStream.format('dedup')")
+    run = _RUN_ID.search(context.getLocalProperty("spark.job.description") or "")
     return TaskIdentity(
-        query_id, plan.run, int(batch_id), context.partitionId(), context.attemptNumber()
+        query_id,
+        run.group(1) if run else plan.run,
+        int(batch_id),
+        context.partitionId(),
+        context.attemptNumber(),
     )
 
 

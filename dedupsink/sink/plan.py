@@ -21,6 +21,11 @@ from dedupsink.store.store import BucketStore
 
 BATCH_WRITE_PREFIX = "batch-"
 
+# The configurations this process has checked against their store. Spark plans every
+# micro-batch again (and once more for its commit): the checks, a few requests on an object
+# store, are made once a process; tasks and commits check what they rely on themselves.
+_checked: set[tuple[str, ...]] = set()
+
 
 @dataclass(frozen=True)
 class SinkPlan:
@@ -81,6 +86,14 @@ def plan_for(raw: Mapping[str, str], schema: pa.Schema, run: str, check: bool = 
 def check_store(plan: SinkPlan) -> None:
     """The store and the ports can be reached, and the store fits the options."""
     options = plan.options
+    key = (
+        options.store_path,
+        options.path,
+        repr(sorted(plan.settings.identity().items())),
+        repr(sorted(options.storage_options.items())),
+    )
+    if key in _checked:
+        return
     store, output = plan.store, plan.output
     store.storage.check_reachable(STORE_PATH)
     output.storage.check_reachable(PATH)
@@ -95,3 +108,4 @@ def check_store(plan: SinkPlan) -> None:
             "this store never committed (write to a new path, or remove the ports too)",
         )
     store.open(plan.settings)
+    _checked.add(key)

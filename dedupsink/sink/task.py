@@ -24,6 +24,7 @@ from dedupsink.sink.settle import Settlement, settle_in_task
 from dedupsink.store.cache import CacheInfo, manager_for
 from dedupsink.store.ownership import check_not_fenced
 from dedupsink.store.records import WindowCounts
+from dedupsink.store.store import check_settings
 
 # Spark hands Arrow batches of 10,000 rows; classifying fewer, larger batches pays the
 # per-bucket lookup overhead less often, at a bounded memory cost.
@@ -81,6 +82,7 @@ def run_task(
     if manifest.queries.get(identity.query_id, -1) >= identity.batch_id:
         summary.skipped = True  # a re-run of a committed batch: its outputs already exist
         return summary
+    check_settings(manifest.settings, settings.identity(), store.url)
     check_not_fenced(manifest, plan.writer(identity.query_id, identity.run), store.url)
     manager = manager_for(
         store,

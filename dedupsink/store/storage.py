@@ -100,6 +100,7 @@ class Storage:
 
     family: ClassVar[str] = ""
     protocols: ClassVar[tuple[str, ...]] = ()
+    remote: ClassVar[bool] = True  # every call is a network request
     _registry: ClassVar[list[type[Storage]]] = []
 
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str, options: dict[str, Any]):
@@ -279,6 +280,7 @@ class LocalStorage(Storage):
     """The local disk (and filesystems built on fsspec's LocalFileSystem)."""
 
     family = "local"
+    remote = False
 
     @classmethod
     def handles(cls, fs_class: type) -> bool:
@@ -340,6 +342,7 @@ class MemoryStorage(Storage):
     """fsspec's in-process memory filesystem (tests and tools; Spark's workers cannot see it)."""
 
     family = "memory"
+    remote = False
 
     @classmethod
     def handles(cls, fs_class: type) -> bool:

@@ -16,7 +16,9 @@ older version is not disturbed.
 from __future__ import annotations
 
 import copy
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -81,6 +83,30 @@ class _KnownManifest:
 
 
 _known: dict[str, _KnownManifest] = {}
+
+# The window files this process wrote lately to a remote store, by store URL and name. A task's
+# own new keys are what its process reads first in the next window (its bucket cache merges
+# every committed segment), and reading them back costs a request per window on an object
+# store. Window files are immutable, and a segment is only ever fetched because a committed
+# manifest names it.
+_written: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+_WRITTEN_KEEP_BYTES = 32 << 20
+_WRITTEN_FILE_BYTES = 8 << 20
+_written_lock = threading.Lock()
+
+
+def _remember_written(url: str, name: str, data: bytes) -> None:
+    if len(data) > _WRITTEN_FILE_BYTES:
+        return
+    with _written_lock:
+        _written[(url, name)] = data
+        while sum(len(v) for v in _written.values()) > _WRITTEN_KEEP_BYTES:
+            _written.popitem(last=False)
+
+
+def _written_file(url: str, name: str) -> bytes | None:
+    with _written_lock:
+        return _written.get((url, name))
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -196,11 +222,15 @@ class BucketStore:
             path = self.data_path(group[0][0].file)
             start = group[0][0].offset
             end = max(s.offset + s.length for s, _ in group)
+            mine = _written_file(self.url, group[0][0].file)
             try:
-                if len(group) == 1:
+                if mine is not None:
+                    data = mine[start:end]
+                elif len(group) == 1:
                     filled[id(group[0][1])] = self.storage.read_into(path, start, group[0][1])
                     return
-                data = self.storage.read_range(path, start, end)
+                else:
+                    data = self.storage.read_range(path, start, end)
             except FileNotFoundError as exc:
                 raise StoreCorruptError(
                     self.data_url(group[0][0].file),
@@ -240,6 +270,9 @@ class BucketStore:
     def write_window_file(self, name: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         """Write a window file, whole or as chunks in order (no joined copy of large folds)."""
         self.storage.write(self.data_path(name), data)
+        chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+        if self.storage.remote and sum(len(chunk) for chunk in chunks) <= _WRITTEN_FILE_BYTES:
+            _remember_written(self.url, name, b"".join(chunks))
 
     def commit(self, manifest: Manifest) -> None:
         """Make ``manifest`` the visible version: created only if that version is absent.
