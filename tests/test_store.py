@@ -52,6 +52,7 @@ from dedupsink.store.store import KEEP_MANIFESTS, TOMBSTONE_GRACE_VERSIONS, Buck
 
 SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int64())])
 ORDERED = {"keys": "id", "expiryKey": "n", "expiryPeriod": "10", "bucketSpan": "5"}
+ORDERED_HASHABLE = {"keys": "id", "expiryKey": "n", "expiryPeriod": "10"}  # no bucketSpan
 QUERY = "query-1"
 
 
@@ -168,6 +169,33 @@ def test_changed_settings_are_refused_naming_the_option(
     assert caught.value.option == option
     assert option in str(caught.value)
     assert "was created with" in str(caught.value)
+
+
+@pytest.mark.parametrize(("created", "reopened"), [("true", "false"), ("false", "true")])
+def test_changed_assume_same_expiry_is_refused_naming_the_recorded_value(
+    root: str, created: str, reopened: str
+) -> None:
+    """Named as such, not as the bucket span or count that follow from it."""
+    plan = make_plan(root, **ORDERED_HASHABLE, assumeSameExpiry=created)
+    plan.store.open(plan.settings)
+    other = make_plan(root, **ORDERED_HASHABLE, assumeSameExpiry=reopened)
+    with pytest.raises(StoreSettingsError) as caught:
+        other.store.open(other.settings)
+    assert (caught.value.option, caught.value.value) == ("assumeSameExpiry", reopened)
+    assert f"expected {created}, the value the store at" in str(caught.value)
+
+
+def test_a_store_recorded_before_assume_same_expiry_existed_reads_as_true(root: str) -> None:
+    plan = make_plan(root, **ORDERED_HASHABLE)
+    manifest = plan.store.open(plan.settings)
+    old = Manifest.from_bytes(manifest.to_bytes(), "m")
+    old.version = 1
+    del old.settings["assume_same_expiry"]
+    plan.store.commit(old)
+    assert plan.store.open(plan.settings).version == 1
+    other = make_plan(root, **ORDERED_HASHABLE, assumeSameExpiry="false")
+    with pytest.raises(StoreSettingsError, match="expected true, the value"):
+        other.store.open(other.settings)
 
 
 def test_changed_bucket_count_is_refused_in_basic_mode(root: str) -> None:

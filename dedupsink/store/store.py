@@ -28,7 +28,17 @@ from fsspec.implementations.local import LocalFileSystem
 
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreError, StoreSettingsError
-from dedupsink.options import BUCKET_SPAN, EXPIRY_KEY, EXPIRY_MODE, EXPIRY_PERIOD, KEYS, NUM_BUCKETS
+from dedupsink.options import (
+    ASSUME_SAME_EXPIRY,
+    ASSUME_SAME_EXPIRY_DEFAULT,
+    BUCKET_SPAN,
+    EXPIRY_KEY,
+    EXPIRY_MODE,
+    EXPIRY_PERIOD,
+    KEYS,
+    NUM_BUCKETS,
+    bool_text,
+)
 from dedupsink.store.format import Manifest, Segment
 
 LOG_DIR = "_log"
@@ -46,9 +56,14 @@ _SETTING_OPTIONS = {
     "expiry_type": EXPIRY_KEY,
     "stamp_kind": EXPIRY_KEY,
     "period": EXPIRY_PERIOD,
+    # Before the span and bucket count, which follow from it: a changed setting is named.
+    "assume_same_expiry": ASSUME_SAME_EXPIRY,
     "span": BUCKET_SPAN,
     "bucket_count": NUM_BUCKETS,
 }
+# Settings recorded since a later release: a store written before has no such field, and
+# behaves as the default did then.
+_SETTING_DEFAULTS: dict[str, Any] = {"assume_same_expiry": ASSUME_SAME_EXPIRY_DEFAULT}
 _fetch_pool: ThreadPoolExecutor | None = None
 # The manifest each store (by URL) last wrote or decoded in this process, with its path and
 # bytes. A window reads the same version twice (its tasks, then its commit) and the commit has
@@ -290,10 +305,24 @@ def window_file_name(window: int, partition: int) -> str:
     return f"w{window:010d}-p{partition:05d}-{uuid.uuid4().hex[:12]}.keys"
 
 
+def recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A store's recorded settings, with the defaults of fields added since it was created."""
+    return {**_SETTING_DEFAULTS, **recorded}
+
+
 def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -> None:
     """Refuse options that contradict the settings the store was created with."""
+    recorded = recorded_settings(recorded)
     for name, option in _SETTING_OPTIONS.items():
         if recorded.get(name) != wanted.get(name):
+            if name == "assume_same_expiry":
+                value = bool_text(bool(recorded.get(name)))
+                raise StoreSettingsError(
+                    option,
+                    bool_text(bool(wanted.get(name))),
+                    f"{value}, the value the store at {url} was created with (the store keeps "
+                    "its keys by time bucket with true and by key hash with false)",
+                )
             if name == "key_types":
                 changed = [
                     f"{key}: {old} -> {new}"
