@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copy
 import errno
+import random
 import shutil
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from faultfs import FAULTS, count_steps, fault_url
+from reference import ReferenceDedup
+from streams import later_resends
 
 from dedupsink.engine.classify import PORTS, stamp_dtype
 from dedupsink.engine.fingerprint import fingerprint
@@ -37,6 +41,7 @@ from dedupsink.options import DedupOptions
 from dedupsink.sink import task as task_module
 from dedupsink.sink.commit import CommitReport, commit_window
 from dedupsink.sink.task import SinkPlan, TaskIdentity, TaskSummary, run_task
+from dedupsink.store import cache as cache_module
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import (
     WINDOW_MAGIC,
@@ -605,6 +610,91 @@ def test_compaction_keeps_each_system_time_keys_window_time(tmp_path: Path) -> N
     raw = {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 hour", "numBuckets": "1"}
     stored, held = stamps_after_compaction(tmp_path, **raw)
     assert held == stored
+
+
+OWN_TIME = {"keys": "id", "expiryKey": "n", "expiryPeriod": "30", "assumeSameExpiry": "false"}
+
+
+def forget_cached_buckets() -> None:
+    """What a restart does to the executors' bucket caches: nothing survives it."""
+    with cache_module._managers_lock:
+        cache_module._managers.clear()
+
+
+def id_n_rows(output: Path) -> dict[str, Counter[tuple[int | None, int | None]]]:
+    """Each port's rows as (id, n) pairs, as a reader of the published files sees them."""
+    found: dict[str, Counter[tuple[int | None, int | None]]] = {}
+    for port in PORTS:
+        table = ds.dataset(str(output / port), format="parquet").to_table()
+        pairs = zip(table.column("id").to_pylist(), table.column("n").to_pylist(), strict=True)
+        found[port] = Counter(pairs)
+    return found
+
+
+def remembered_stamps(store: BucketStore, settings: Settings) -> dict[tuple[int, int], float]:
+    """Every fingerprint the store remembers above its expiry point, with its stamp."""
+    manifest = store.read()
+    assert manifest is not None and manifest.latest is not None
+    keys = KeySet.empty(stamp_dtype(settings))
+    for bucket in all_keys(store, manifest, settings).values():
+        keys = keys.merge(bucket)
+    assert keys.stamps is not None and settings.period is not None
+    alive = keys.alive(manifest.latest - settings.period)
+    assert alive.stamps is not None
+    return dict(
+        zip(
+            zip(alive.h1.tolist(), alive.h2.tolist(), strict=True),
+            alive.stamps.tolist(),
+            strict=True,
+        )
+    )
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_later_resends_over_partitions_compaction_and_a_restart_match_the_reference(
+    tmp_path: Path, seed: int
+) -> None:
+    """assumeSameExpiry=false through the sink's task and commit code: three partitions a
+    window, hash buckets compacted and expired window files dropped as in the other hash modes,
+    and the caches lost half-way. Every row's port and every remembered key's value (its unique
+    row's) agree with the reference."""
+    output = tmp_path / "out"
+    plan = make_plan(str(output), **OWN_TIME, numBuckets="4")
+    assert not plan.settings.buckets_by_time
+    reference = ReferenceDedup("ordered", 30)
+    expected: dict[str, Counter[tuple[int | None, int | None]]] = {p: Counter() for p in PORTS}
+    rng = random.Random(seed)
+    compactions = dropped = 0
+    for batch_id, window in enumerate(later_resends(seed, 40)):
+        if batch_id == 20:
+            forget_cached_buckets()
+        parts: list[list[tuple[int | None, int | None]]] = [[], [], []]
+        for row in window:
+            parts[rng.randrange(3)].append(row)
+        summaries = run_tasks(
+            plan, batch_id, [[rows([k for k, _ in part], [n for _, n in part])] for part in parts]
+        )
+        compactions += sum(bool(s.supersedes) for s in summaries)
+        assert commit_window(plan, summaries, batch_id) is not None
+        last = plan.store.read()
+        assert last is not None
+        dropped += last.last_window["dropped_keys"]
+        dicts = [{"id": k, "n": n} for k, n in window]
+        ports = reference.window(dicts, lambda r: r["id"], lambda r: r["n"])
+        for row, port in zip(window, ports, strict=True):
+            expected[port][row] += 1
+    assert id_n_rows(output) == expected
+    assert compactions and dropped, "no compaction or no expired file: the test proves little"
+    point = reference.latest - 30  # type: ignore[operator]
+    alive = {k: v for k, v in reference.remembered.items() if v is not None and v > point}
+    fps = fingerprint([pa.array(list(alive), pa.int64())])
+    wanted = dict(
+        zip(zip(fps.h1.tolist(), fps.h2.tolist(), strict=True), alive.values(), strict=True)
+    )
+    assert remembered_stamps(plan.store, plan.settings) == wanted
+    manifest = plan.store.read()
+    assert manifest is not None
+    assert max(len(segments) for segments in manifest.buckets.values()) <= 16
 
 
 def test_rerun_of_a_committed_batch_changes_nothing(root: str) -> None:
