@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import errno
 import random
+import re
 import shutil
 import uuid
 import zlib
@@ -695,6 +696,23 @@ def test_later_resends_over_partitions_compaction_and_a_restart_match_the_refere
     manifest = plan.store.read()
     assert manifest is not None
     assert max(len(segments) for segments in manifest.buckets.values()) <= 16
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        (OWN_TIME, " | assumeSameExpiry=false"),
+        (ORDERED, " | assumeSameExpiry=true"),
+        ({"keys": "id"}, ""),
+        ({"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 h"}, ""),
+    ],
+    ids=["false", "true", "basic", "systemTime"],
+)
+def test_the_log_line_of_a_window_shows_assume_same_expiry_where_it_applies(
+    root: str, raw: dict[str, str], shown: str
+) -> None:
+    line = run_window(make_plan(root, **raw), 0, [rows([1, 2], [1, 2])]).line()
+    assert re.fullmatch(r"dedup window 1 .* \| cache hits (\d+%|n/a)" + re.escape(shown), line)
 
 
 def test_rerun_of_a_committed_batch_changes_nothing(root: str) -> None:

@@ -16,10 +16,11 @@ from dedupsink.cli.config import resolve_path
 from dedupsink.cli.display import human_bytes, human_span, point_text, table, utc_text
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
-from dedupsink.options import STORE_DIRNAME_DEFAULT, join_url
+from dedupsink.engine.settings import TIME_BUCKET_MODES
+from dedupsink.options import ASSUME_SAME_EXPIRY, STORE_DIRNAME_DEFAULT, bool_text, join_url
 from dedupsink.sink.ports import SPARK_LOG_DIR, Output
 from dedupsink.store.format import Manifest
-from dedupsink.store.store import LOG_DIR, BucketStore, now_ms
+from dedupsink.store.store import LOG_DIR, BucketStore, now_ms, recorded_settings
 
 __all__ = ["Location", "locate", "render", "report", "to_json"]
 
@@ -70,7 +71,7 @@ def report(location: Location) -> dict[str, Any]:
 
 
 def _store_part(manifest: Manifest, store: BucketStore) -> dict[str, Any]:
-    settings = manifest.settings
+    settings = recorded_settings(manifest.settings)
     latest = manifest.latest
     period = settings.get("period")
     expiry = None if latest is None or period is None else latest - period
@@ -177,7 +178,12 @@ def settings_text(settings: dict[str, Any]) -> str:
     text += f", expiryPeriod {human_span(settings.get('period'), settings)}"
     if settings.get("span") is not None:
         text += f", bucketSpan {human_span(settings['span'], settings)}"
-    return text + f", {settings.get('bucket_count')} buckets"
+    if mode not in TIME_BUCKET_MODES:
+        return text + f", {settings.get('bucket_count')} buckets"
+    same = recorded_settings(settings)["assume_same_expiry"]
+    kind = "" if same else "hash "  # with false, keys are bucketed as in Basic Dedup
+    text += f", {settings.get('bucket_count')} {kind}buckets"
+    return text + f", {ASSUME_SAME_EXPIRY} {bool_text(same)}"
 
 
 def _last_window_text(last: dict[str, Any]) -> str:

@@ -29,7 +29,9 @@ import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.fingerprint import Fingerprints, first_occurrences
+from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import StoreConflictError, StoreError
+from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.sink.ports import Output, PortFile, port_schema
 from dedupsink.sink.task import SinkPlan, TaskSummary, check_owner
 from dedupsink.store.format import Manifest, PortState, Segment
@@ -55,14 +57,18 @@ class CommitReport:
     store_bytes: int = 0
     remembered: int = 0
     cache_hit_rate: float | None = None
+    assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
 
     def line(self) -> str:
         ports = " ".join(f"{port}={self.counts.get(port, 0)}" for port in PORTS)
         hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
+        setting = ""
+        if self.assume_same_expiry is not None:
+            setting = f" | {ASSUME_SAME_EXPIRY}={bool_text(self.assume_same_expiry)}"
         return (
             f"dedup window {self.window} (batch {self.batch_id}): {ports} | store "
             f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
-            f" | cache hits {hit}"
+            f" | cache hits {hit}{setting}"
         )
 
 
@@ -103,7 +109,7 @@ def commit_window(
     if nxt.version % _ORPHAN_SWEEP_EVERY == 0:
         store.remove_orphans(nxt, keep=set())
         output.remove_stale_staging(keep=token)
-    report = _report(nxt, done, query_id, batch_id, store, demoted)
+    report = _report(plan, nxt, done, query_id, batch_id, demoted)
     log.info(report.line())
     return report
 
@@ -383,17 +389,18 @@ def _publication_plan(
 
 
 def _report(
+    plan: SinkPlan,
     nxt: Manifest,
     done: list[TaskSummary],
     query_id: str,
     batch_id: int,
-    store: BucketStore,
     demoted: int,
 ) -> CommitReport:
     hits = sum(s.cache.hits for s in done if s.cache)
     misses = sum(s.cache.misses for s in done if s.cache)
     files = len(nxt.files)
     nbytes = sum(wf.nbytes for wf in nxt.files.values())
+    settings = plan.settings
     return CommitReport(
         window=nxt.version,
         batch_id=batch_id,
@@ -404,6 +411,9 @@ def _report(
         store_bytes=nbytes,
         remembered=nxt.remembered_keys,
         cache_hit_rate=hits / (hits + misses) if hits + misses else None,
+        assume_same_expiry=(
+            settings.assume_same_expiry if settings.mode in TIME_BUCKET_MODES else None
+        ),
     )
 
 
