@@ -698,6 +698,21 @@ def test_later_resends_over_partitions_compaction_and_a_restart_match_the_refere
     assert max(len(segments) for segments in manifest.buckets.values()) <= 16
 
 
+def test_first_copies_in_two_partitions_are_remembered_until_the_later_value(
+    tmp_path: Path,
+) -> None:
+    """The limit the README names: each task stores the key with its own row's value before the
+    window settles which row is unique, so the key lasts until the later value expires. The
+    error is towards a duplicate, never a false unique."""
+    output = tmp_path / "out"
+    plan = make_plan(str(output), **{**OWN_TIME, "expiryPeriod": "10"})
+    run_window(plan, 0, [rows([1], [0])], [rows([1], [5])])
+    run_window(plan, 1, [rows([9], [12])])
+    # E = 2: the unique row's value 0 is at or below it, the other copy's 5 is not.
+    assert run_window(plan, 2, [rows([1], [13])]).counts["duplicate"] == 1
+    assert id_n_rows(output)["unique"] == Counter({(1, 0): 1, (9, 12): 1})
+
+
 @pytest.mark.parametrize(
     ("raw", "shown"),
     [
