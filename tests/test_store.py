@@ -607,6 +607,40 @@ def test_concatenating_a_damaged_segment_is_refused() -> None:
         concat_segments([bytes(raw)], [segment], None, ["f"], "g", 8)
 
 
+def segments_of(*counts: int) -> list[Segment]:
+    return [Segment(f"f{i}", 8, 16 * n, n, 0) for i, n in enumerate(counts)]
+
+
+@pytest.mark.parametrize(
+    ("counts", "folded"),
+    [
+        ((3, 4, 5, 20, 100), 3),  # 3 + 4 + 5 = 12 < 20
+        ((1, 50, 60, 200), 2),  # the two smallest always; 60 > 51
+        ((7, 7, 7, 7, 7, 7, 7, 7, 56, 112, 500), 10),  # 56 <= 56, 112 <= 112, 500 > 224
+        ((5, 5), 2),
+    ],
+)
+def test_a_hash_bucket_folds_its_small_segments(counts: tuple[int, ...], folded: int) -> None:
+    segments = segments_of(*counts)
+    assert task_module.tiered_fold(segments) == segments[:folded]
+
+
+def test_hash_bucket_folds_rewrite_a_key_a_logarithmic_number_of_times() -> None:
+    """A simulated day of one-minute windows: each adds a segment of a few keys to a bucket
+    that is compacted every 8 windows while it has more than 8 segments."""
+    rng = np.random.default_rng(1)
+    counts: list[int] = []
+    rewritten = 0
+    for window in range(1440):
+        counts.append(int(rng.poisson(7)) + 1)
+        if window % 8 == 7 and len(counts) > task_module.COMPACT_ABOVE_SEGMENTS:
+            fold = [s.count for s in task_module.tiered_fold(segments_of(*sorted(counts)))]
+            rewritten += sum(fold)
+            counts = [*sorted(counts)[len(fold) :], sum(fold)]
+        assert len(counts) <= 20
+    assert rewritten / sum(counts) < 5  # folding all but the 4 largest: 18
+
+
 def test_compaction_keeps_each_system_time_keys_window_time(tmp_path: Path) -> None:
     raw = {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 hour", "numBuckets": "1"}
     stored, held = stamps_after_compaction(tmp_path, **raw)
