@@ -954,3 +954,35 @@ def test_keyset_merge_equals_building_the_union(seed: int) -> None:
     assert as_dict(merged) == as_model(*union)
     alive = merged.alive(50)
     assert as_dict(alive) == {k: v for k, v in as_model(*union).items() if v > 50}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_keyset_held_in_is_sound_and_dropping_held_keys_changes_no_merge(seed: int) -> None:
+    """A key is claimed held only if the other set has it with at least its stamp (shared h1
+    lanes may be answered False), so leaving held keys out of a merge changes nothing."""
+    other, part = KeySet.build(*crowded_keys(seed, 25)), KeySet.build(*crowded_keys(seed + 9, 15))
+    held = part.held_in(other)
+    model = as_dict(other)
+    assert part.stamps is not None
+    for key, stamp, claimed in zip(
+        zip(part.h1.tolist(), part.h2.tolist(), strict=True),
+        part.stamps.tolist(),
+        held.tolist(),
+        strict=True,
+    ):
+        assert not claimed or model.get(key, -1) >= stamp
+    assert as_dict(other.merge(part.without(held))) == as_dict(other.merge(part))
+
+
+def test_keyset_held_in_finds_every_held_key_of_distinct_lanes() -> None:
+    rng = np.random.default_rng(5)
+    h1 = rng.permutation(np.arange(1_000, dtype=np.uint64) * np.uint64(7919))
+    h2, stamps = h1 + np.uint64(1), rng.integers(0, 100, 1_000).astype(np.int64)
+    other = KeySet.build(h1[:800], h2[:800], stamps[:800])
+    # Part: 300 held keys (100 of them with a larger stamp now), 200 new ones.
+    newer = stamps[500:800].copy()
+    newer[:100] += 1
+    part = KeySet.build(h1[500:], h2[500:], np.concatenate([newer, stamps[800:]]))
+    held = part.held_in(other)
+    assert held.sum() == 200
+    assert len(part.without(held)) == 300
