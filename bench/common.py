@@ -2,8 +2,9 @@
 
 * Event data (``event_columns``, ``generate_compare_input``): UUID keys, event times, a user, an
   amount and a ~80-character payload, built column-wise with numpy and pyarrow (no Python loop
-  over rows). Re-sends are exact copies of earlier rows, so the generator knows the truth: the
-  first copy of each id is its unique row.
+  over rows). Re-sends are copies of earlier rows, exact or (``resend_times="later"``) stamped
+  with their own later send time, so the generator knows the truth: the first copy of each id
+  is its unique row.
 * Memory (``TreeSampler``, ``vm_hwm``): resident set sizes read from ``/proc`` — the sum of
   ``VmRSS`` over a process and all its descendants (a Spark driver's JVM and its Python
   workers), sampled a few times a second, and the kernel's own high-water mark ``VmHWM`` of one
@@ -33,6 +34,14 @@ BENCH_DIR = Path(__file__).resolve().parent
 DATA_DIR = BENCH_DIR / ".data"
 EPOCH_2024_US = 1_704_067_200_000_000
 MICROS_PER_SECOND = 1_000_000
+RESEND_TIMES = ("same", "later")
+# Spark's watermark delay and dedupsink's expiryPeriod in the compare runs. Spark's
+# dropDuplicatesWithinWatermark keeps a key until the watermark (max event time - delay)
+# reaches its event time + delay: 2 x delay behind the max. dedupsink forgets a key when its
+# value falls to the latest point - expiryPeriod, so with assumeSameExpiry=false a period of
+# twice the delay remembers each key as long as Spark does.
+PERIOD_S = 3600
+OWN_TIME_PERIOD_S = 2 * PERIOD_S
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _ALPHABET = np.frombuffer(
     b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .", dtype=np.uint8
@@ -116,23 +125,33 @@ class CompareSpec:
     late_min_age_s: float = 75 * 60.0
     late_max_age_s: float = 120 * 60.0
     seed: int = 20240601
+    # "same": a re-send copies a row of the previous resend_within rows, its time included
+    # (Assumption 1). "later": it is sent resend_min_age_s to resend_max_age_s after its
+    # original and carries that send time as its event time.
+    resend_times: str = "same"
+    resend_min_age_s: float = 20 * 60.0
+    resend_max_age_s: float = 100 * 60.0
 
     @property
     def key(self) -> str:
+        later = "-tlater" if self.resend_times == "later" else ""
         return (
             f"compare-r{self.rows}-f{self.files}-s{self.seed}"
-            f"-d{self.resend_fraction:g}-l{self.late_fraction:g}"
+            f"-d{self.resend_fraction:g}-l{self.late_fraction:g}{later}"
         )
 
 
 def plan_rows(
     spec: CompareSpec, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    """Which original row every output position holds, and the originals' positions.
+    """Which original row every output position holds, and what each position is.
 
-    Returns ``(source, original_positions, kinds)``: ``source[p]`` indexes the table of
-    originals, so ``originals.take(source)`` is the stream. Regular re-sends copy an original
-    from the previous ``resend_within`` rows; very late re-sends copy one ``late_min_age_s`` to
+    Returns ``(source, kind, counts)``: ``source[p]`` indexes the table of originals, so
+    ``originals.take(source)`` is the stream; ``kind[p]`` is 0 for an original, 1 for a re-send
+    and 2 for a very late re-send. Regular re-sends copy an original
+    from the previous ``resend_within`` rows, or with ``resend_times="later"`` one
+    ``resend_min_age_s`` to ``resend_max_age_s`` of event time older than their position (as
+    much as the stream before them allows); very late re-sends copy one ``late_min_age_s`` to
     ``late_max_age_s`` of event time older than their position.
     """
     n = spec.rows
@@ -145,14 +164,22 @@ def plan_rows(
         if first_late >= n:
             raise ValueError(f"{n} rows span too little event time for very late re-sends")
         kind[rng.choice(np.arange(first_late, n), n_late, replace=False)] = 2
-    free = np.flatnonzero(kind == 0)[1:]
+    later = spec.resend_times == "later"
+    first_resend = int(spec.rows_per_second * spec.resend_min_age_s) + 1 if later else 1
+    free = np.flatnonzero(kind == 0)
+    free = free[free >= first_resend]
     kind[rng.choice(free, n_resend, replace=False)] = 1
     orig_pos = np.flatnonzero(kind == 0)
     assert len(orig_pos) == n_orig
     source = np.empty(n, dtype=np.int64)
     source[orig_pos] = np.arange(n_orig)
     resend_pos = np.flatnonzero(kind == 1)
-    back = rng.integers(1, spec.resend_within + 1, len(resend_pos))
+    if later:
+        oldest = np.minimum(spec.resend_max_age_s, resend_pos / spec.rows_per_second)
+        age = rng.uniform(spec.resend_min_age_s, oldest)
+        back = (age * spec.rows_per_second).astype(np.int64)
+    else:
+        back = rng.integers(1, spec.resend_within + 1, len(resend_pos))
     source[resend_pos] = np.maximum(
         np.searchsorted(orig_pos, resend_pos - back, side="right") - 1, 0
     )
@@ -161,7 +188,7 @@ def plan_rows(
     target = late_pos - (age * spec.rows_per_second).astype(np.int64)
     source[late_pos] = np.searchsorted(orig_pos, target, side="right") - 1
     assert (source[late_pos] >= 0).all()
-    return source, orig_pos, {"originals": n_orig, "resends": n_resend, "late": n_late}
+    return source, kind, {"originals": n_orig, "resends": n_resend, "late": n_late}
 
 
 def expected_dedup_ports(
@@ -191,6 +218,45 @@ def expected_dedup_ports(
     }
 
 
+def expected_own_time_ports(
+    times_us: np.ndarray,
+    source: np.ndarray,
+    first_copy: np.ndarray,
+    window_rows: int,
+    period_us: int,
+) -> dict[str, int]:
+    """SPEC section 3 as under ``assumeSameExpiry=false``, windows of ``window_rows`` rows.
+
+    A row with ``v <= E_N`` is expired; otherwise a copy is a duplicate while the value its
+    key is remembered with (its unique row's) is above ``E_N``, else unique, and its key is
+    remembered with its own value from then on. Walks the copies in stream order (a few hundred
+    thousand); first copies are unique (asserted: never expired).
+    """
+    n = len(times_us)
+    starts = np.arange(0, n, window_rows)
+    window_max = np.maximum.reduceat(times_us, starts)
+    low = np.iinfo(np.int64).min
+    latest = np.concatenate([[low], np.maximum.accumulate(window_max)[:-1]])
+    point = latest[np.arange(n) // window_rows]
+    point = np.where(point == low, low, point - period_us)
+    expired = times_us <= point
+    assert not (first_copy & expired).any(), "an original row would expire: widen the spacing"
+    remembered = np.full(int(source.max()) + 1, low, dtype=np.int64)
+    remembered[source[first_copy]] = times_us[first_copy]
+    unique = int(first_copy.sum())
+    duplicate = 0
+    copies = np.flatnonzero(~first_copy & ~expired)
+    for key, value, limit in zip(
+        source[copies].tolist(), times_us[copies].tolist(), point[copies].tolist(), strict=True
+    ):
+        if remembered[key] > limit:
+            duplicate += 1
+        else:
+            unique += 1
+            remembered[key] = value
+    return {"unique": unique, "duplicate": duplicate, "expired": int(expired.sum()), "error": 0}
+
+
 def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, dict[str, Any]]:
     """The compare input directory (cached under ``bench/.data``) and its truth.
 
@@ -205,18 +271,30 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
             return root / "input", truth
     started = time.perf_counter()
     rng = np.random.default_rng(spec.seed)
-    source, orig_pos, counts = plan_rows(spec, rng)
-    n_orig = counts["originals"]
-    jitter = rng.uniform(-spec.jitter_s, spec.jitter_s, n_orig) * MICROS_PER_SECOND
-    times = EPOCH_2024_US + (orig_pos * (MICROS_PER_SECOND / spec.rows_per_second) + jitter)
-    originals = event_columns(rng, times.astype(np.int64))
+    source, kind, counts = plan_rows(spec, rng)
+    orig_pos = np.flatnonzero(kind == 0)
+    times = _event_times(spec, rng, orig_pos)
+    originals = event_columns(rng, times)
     stream = originals.take(pa.array(source))
-    first_copy = np.zeros(spec.rows, dtype=bool)
-    first_copy[orig_pos] = True
-    stream_times = times.astype(np.int64)[source]
+    first_copy = kind == 0
+    stream_times = times[source]
+    if spec.resend_times == "later":
+        resend_pos = np.flatnonzero(kind == 1)
+        stream_times[resend_pos] = _event_times(spec, rng, resend_pos)
+        column = pa.array(stream_times, type=stream.schema.field("event_time").type)
+        stream = stream.set_column(
+            stream.schema.get_field_index("event_time"), "event_time", column
+        )
     rows_per_file = -(-spec.rows // spec.files)
-    ports = expected_dedup_ports(
-        stream_times, first_copy, rows_per_file * window_files, 3600 * MICROS_PER_SECOND
+    window_rows = rows_per_file * window_files
+    # Under Assumption 1 only: with later re-send times the default setting has no exact truth.
+    ports = None
+    if spec.resend_times == "same":
+        ports = expected_dedup_ports(
+            stream_times, first_copy, window_rows, PERIOD_S * MICROS_PER_SECOND
+        )
+    own_time_ports = expected_own_time_ports(
+        stream_times, source, first_copy, window_rows, OWN_TIME_PERIOD_S * MICROS_PER_SECOND
     )
     input_dir = root / "input"
     input_dir.mkdir(parents=True, exist_ok=True)
@@ -231,16 +309,24 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
     truth = {
         "spec": asdict(spec),
         "rows": spec.rows,
-        "unique_ids": n_orig,
+        "unique_ids": counts["originals"],
         **counts,
         "window_files": window_files,
         "window_rows": rows_per_file * window_files,
         "event_time_span_s": float(stream_times.max() - stream_times.min()) / MICROS_PER_SECOND,
         "expected_dedup_ports": ports,
+        "expected_own_time_ports": own_time_ports,
         "generated_seconds": round(time.perf_counter() - started, 1),
     }
     truth_path.write_text(json.dumps(truth, indent=1))
     return input_dir, truth
+
+
+def _event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndarray) -> np.ndarray:
+    """The event time of rows sent at these stream positions, with +-``jitter_s``."""
+    jitter = rng.uniform(-spec.jitter_s, spec.jitter_s, len(positions)) * MICROS_PER_SECOND
+    spacing = MICROS_PER_SECOND / spec.rows_per_second
+    return (EPOCH_2024_US + (positions * spacing + jitter)).astype(np.int64)
 
 
 # -- memory ----------------------------------------------------------------------------------

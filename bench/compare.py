@@ -16,7 +16,22 @@ Each variant streams the same input with Spark ``local[2]``, ``spark.sql.shuffle
 * ``spark-within-watermark-rocksdb``: ``withWatermark("event_time", "1 hour")
   .dropDuplicatesWithinWatermark(["id"])``, RocksDB;
 * ``dedupsink``: ``format("dedup")`` with ``keys=id``, ``expiryKey=event_time``,
-  ``expiryPeriod=1 hour``.
+  ``expiryPeriod=1 hour``;
+* ``dedupsink-own-time``: the same with ``assumeSameExpiry=false`` and ``expiryPeriod=2 hours``,
+  which remembers each id as long as ``spark-within-watermark-rocksdb`` does (Spark keeps a key
+  until its event time + the 1-hour delay falls behind the watermark, itself an hour behind the
+  newest event time).
+
+``--resend-times later`` generates the same shape except that the 10% regular re-sends are sent
+20 to 100 minutes of event time after their original and carry that send time as their
+``event_time`` (a producer's retry stamped at send time): Assumption 1 does not hold. The run
+then compares ``dedupsink-own-time`` with ``spark-within-watermark-rocksdb`` (and ``floor``) by
+default. Both keep every re-send out (each comes within 2 hours of its original) and every very
+late row (Spark drops it behind the watermark; dedupsink sends it to ``duplicate`` or
+``expired``), so both must output exactly the originals: both counts are printed with whether
+they agree, and ``ratio_own_time_vs_spark_within_watermark=<x>`` is the median over the rounds
+of the first's rows/s over the second's. ``dedupsink`` (the default setting) can be added with
+``--variants``: on this data it counts re-sends as unique.
 
 Every run is a fresh Python process (this script with ``--variant``), variants interleaved
 A B C D and the round repeated (three times by default), so JVM start-up, JIT warm-up and the
@@ -50,9 +65,10 @@ under pyinstrument: every input file is one task (``run_task`` over 10,000-row A
 Spark hands them; the Parquet files are read before the clock starts), ``--files-per-trigger``
 tasks make a window, whose ``commit_window`` follows; it prints the time split and the profile.
 
-Usage: ``python bench/compare.py [--rows N] [--files N] [--repeats N] [--variants a,b]``;
-``--rows 200000 --files 8 --repeats 1`` is a quick check (the event-time span stays three hours
-whatever the row count, so expiry still evicts and very late rows still exist).
+Usage: ``python bench/compare.py [--rows N] [--files N] [--repeats N] [--variants a,b]
+[--resend-times same|later]``; ``--rows 200000 --files 8 --repeats 1`` is a quick check (the
+event-time span stays three hours whatever the row count, so expiry still evicts and very late
+rows still exist).
 """
 
 from __future__ import annotations
@@ -75,6 +91,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     DATA_DIR,
+    OWN_TIME_PERIOD_S,
+    PERIOD_S,
+    RESEND_TIMES,
     CompareSpec,
     LoadSampler,
     TreeSampler,
@@ -85,7 +104,28 @@ from common import (
     print_machine,
 )
 
-VARIANTS = ("floor", "spark-dropdup-rocksdb", "spark-within-watermark-rocksdb", "dedupsink")
+VARIANTS = (
+    "floor",
+    "spark-dropdup-rocksdb",
+    "spark-within-watermark-rocksdb",
+    "dedupsink",
+    "dedupsink-own-time",
+)
+# What runs by default on each shape of data (--resend-times).
+DEFAULT_VARIANTS = {
+    "same": ("floor", "spark-dropdup-rocksdb", "spark-within-watermark-rocksdb", "dedupsink"),
+    "later": ("floor", "spark-within-watermark-rocksdb", "dedupsink-own-time"),
+}
+WATERMARK = f"{PERIOD_S // 3600} hour"
+SINK_OPTIONS = {
+    "dedupsink": {"keys": "id", "expiryKey": "event_time", "expiryPeriod": WATERMARK},
+    "dedupsink-own-time": {
+        "keys": "id",
+        "expiryKey": "event_time",
+        "expiryPeriod": f"{OWN_TIME_PERIOD_S // 3600} hours",
+        "assumeSameExpiry": "false",
+    },
+}
 # Not part of the default run: Spark's Python data source transport with no deduplication,
 # the ceiling of any Python sink (--variants ...,python-floor).
 REFERENCE_VARIANTS = ("python-floor",)
@@ -135,19 +175,14 @@ def run_variant(
         .parquet(str(input_dir))
     )
     if variant == "spark-dropdup-rocksdb":
-        frame = frame.withWatermark("event_time", "1 hour").dropDuplicates(["id", "event_time"])
+        frame = frame.withWatermark("event_time", WATERMARK).dropDuplicates(["id", "event_time"])
     elif variant == "spark-within-watermark-rocksdb":
-        frame = frame.withWatermark("event_time", "1 hour").dropDuplicatesWithinWatermark(["id"])
+        frame = frame.withWatermark("event_time", WATERMARK).dropDuplicatesWithinWatermark(["id"])
     if variant == "python-floor":
         writer = frame.writeStream.format("python-floor").option("path", str(output))
-    elif variant == "dedupsink":
-        writer = (
-            frame.writeStream.format("dedup")
-            .option("path", str(output))
-            .option("keys", "id")
-            .option("expiryKey", "event_time")
-            .option("expiryPeriod", "1 hour")
-        )
+    elif variant in SINK_OPTIONS:
+        writer = frame.writeStream.format("dedup").options(**SINK_OPTIONS[variant])
+        writer = writer.option("path", str(output))
     else:
         writer = frame.writeStream.format("parquet").option("path", str(output))
     writer = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
@@ -172,7 +207,7 @@ def run_variant(
         "duration_ms": progress_durations(query.recentProgress),
         "batch_ms": [int(p.get("durationMs", {}).get("triggerExecution", 0)) for p in progress],
     }
-    if variant == "dedupsink":
+    if variant in SINK_OPTIONS:
         record |= dedupsink_measures(output)
     else:
         record |= spark_output_measures(output, query, checkpoint)
@@ -289,7 +324,9 @@ def dedupsink_measures(output: Path) -> dict[str, Any]:
 # -- the sink's code path under a profiler ------------------------------------------------------
 
 
-def profile_sink(input_dir: Path, files_per_trigger: int, rows: int, flat: bool) -> None:
+def profile_sink(
+    input_dir: Path, files_per_trigger: int, rows: int, flat: bool, variant: str
+) -> None:
     """Drive run_task + commit_window over the input as Spark would, under pyinstrument."""
     import pyarrow.parquet as pq
     from pyinstrument import Profiler
@@ -302,14 +339,7 @@ def profile_sink(input_dir: Path, files_per_trigger: int, rows: int, flat: bool)
     files = sorted(input_dir.glob("*.parquet"))
     tables = [pq.read_table(f) for f in files]
     work = Path(tempfile.mkdtemp(prefix="profile-", dir=DATA_DIR))
-    options = DedupOptions.parse(
-        {
-            "path": str(work / "out"),
-            "keys": "id",
-            "expiryKey": "event_time",
-            "expiryPeriod": "1 hour",
-        }
-    )
+    options = DedupOptions.parse({"path": str(work / "out"), **SINK_OPTIONS[variant]})
     plan = SinkPlan(options, resolve(options, tables[0].schema), tables[0].schema)
     task_s = classify_s = commit_s = 0.0
     profiler = Profiler(interval=0.001)
@@ -397,8 +427,15 @@ def check(record: dict[str, Any], truth: dict[str, Any]) -> str:
         f"(truth {unique_truth:,})"
     )
     ok = record["out_rows"] == record["out_distinct"] == unique_truth
-    if record["variant"] == "dedupsink":
-        expected = truth["expected_dedup_ports"]
+    if record["variant"] in SINK_OPTIONS:
+        own_time = record["variant"] == "dedupsink-own-time"
+        expected = truth["expected_own_time_ports" if own_time else "expected_dedup_ports"]
+        if expected is None:
+            extra = record["out_rows"] - unique_truth
+            return (
+                f"not comparable: {base}; {extra:,} more unique rows than ids, copies whose "
+                "later time put them in another time bucket (Assumption 1 does not hold)"
+            )
         ports = {port: record[f"port_{port}"] for port in PORTS}
         ok = ok and ports == expected
         shown = " ".join(f"{p}={ports[p]:,}" for p in PORTS)
@@ -500,13 +537,30 @@ def print_first_batch_split(results: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def ratio(
-    results: dict[str, list[dict[str, Any]]], other: str, measure: str = "seconds"
+    results: dict[str, list[dict[str, Any]]],
+    other: str,
+    measure: str = "seconds",
+    ours: str = "dedupsink",
 ) -> float | None:
-    """Median over the rounds of (dedupsink rows per ``measure``) / (``other``'s)."""
-    if "dedupsink" not in results or other not in results:
+    """Median over the rounds of (``ours``' rows per ``measure``) / (``other``'s)."""
+    if ours not in results or other not in results:
         return None
-    pairs = zip(results["dedupsink"], results[other], strict=False)
-    return median([theirs[measure] / ours[measure] for ours, theirs in pairs])
+    pairs = zip(results[ours], results[other], strict=False)
+    return median([theirs[measure] / mine[measure] for mine, theirs in pairs])
+
+
+def print_unique_counts(results: dict[str, list[dict[str, Any]]], truth: dict[str, Any]) -> None:
+    """Per round: dedupsink-own-time's and Spark's unique rows, and whether they agree."""
+    ours, theirs = "dedupsink-own-time", "spark-within-watermark-rocksdb"
+    if ours not in results or theirs not in results:
+        return
+    for index, (mine, spark) in enumerate(zip(results[ours], results[theirs], strict=False)):
+        same = mine["out_rows"] == spark["out_rows"]
+        print(
+            f"unique rows, round {index + 1}: {ours} {mine['out_rows']:,}, {theirs} "
+            f"{spark['out_rows']:,} (ids in the input {truth['unique_ids']:,}): "
+            f"{'the same' if same else 'DIFFERENT'}"
+        )
 
 
 def compile_bytecode() -> None:
@@ -530,19 +584,28 @@ def orchestrate(args: argparse.Namespace) -> None:
         files=args.files,
         rows_per_second=args.rows / (args.hours * 3600),
         seed=args.seed,
+        resend_times=args.resend_times,
     )
     input_dir, truth = generate_compare_input(spec, args.files_per_trigger)
     if args.profile:
-        profile_sink(input_dir, args.files_per_trigger, truth["rows"], args.flat)
+        variant = "dedupsink-own-time" if args.resend_times == "later" else "dedupsink"
+        profile_sink(input_dir, args.files_per_trigger, truth["rows"], args.flat, variant)
         return
+    resends = f"{truth['resends']:,} re-sends " + (
+        f"sent {spec.resend_min_age_s / 60:.0f}-{spec.resend_max_age_s / 60:.0f} min after "
+        "their original with that later time"
+        if args.resend_times == "later"
+        else "with their original's time"
+    )
     print(
         f"input: {truth['rows']:,} rows in {args.files} files ({input_dir}), "
-        f"{truth['unique_ids']:,} distinct ids, {truth['resends']:,} re-sends, "
+        f"{truth['unique_ids']:,} distinct ids, {resends}, "
         f"{truth['late']:,} very late re-sends, {truth['event_time_span_s'] / 3600:.2f} h of "
         f"event time at {spec.rows_per_second:.1f} rows/s; {args.files_per_trigger} files "
         f"({truth['window_rows']:,} rows) a micro-batch"
     )
-    variants = [v for v in args.variants.split(",") if v]
+    chosen = args.variants or ",".join(DEFAULT_VARIANTS[args.resend_times])
+    variants = [v for v in chosen.split(",") if v]
     known = VARIANTS + REFERENCE_VARIANTS
     unknown = set(variants) - set(known)
     if unknown:
@@ -580,6 +643,20 @@ def orchestrate(args: argparse.Namespace) -> None:
         )
     if within is not None:
         print(f"ratio_vs_spark_within_watermark={within:.3f}")
+    own_time = ratio(results, "spark-within-watermark-rocksdb", ours="dedupsink-own-time")
+    if own_time is not None:
+        cpu_own_time = ratio(
+            results, "spark-within-watermark-rocksdb", "cpu_seconds", ours="dedupsink-own-time"
+        )
+        print_unique_counts(results, truth)
+        own_floor = ratio(results, "floor", ours="dedupsink-own-time")
+        if own_floor is not None:
+            print(f"(dedupsink-own-time against floor: {own_floor:.3f})")
+        print(
+            "(dedupsink-own-time against spark-within-watermark-rocksdb in rows per CPU-second "
+            f"of the process tree: {cpu_own_time:.3f})"
+        )
+        print(f"ratio_own_time_vs_spark_within_watermark={own_time:.3f}")
     python_floor = ratio(results, "python-floor")
     if python_floor is not None:
         print(f"(dedupsink against python-floor, the Python transport alone: {python_floor:.3f})")
@@ -594,7 +671,17 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=3.0, help="event time the stream spans")
     parser.add_argument("--files-per-trigger", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        help="comma-separated; by default "
+        + "; ".join(f"{shape}: {','.join(v)}" for shape, v in DEFAULT_VARIANTS.items()),
+    )
+    parser.add_argument(
+        "--resend-times",
+        choices=RESEND_TIMES,
+        default="same",
+        help="re-sends carry their original's event time, or a later one of their own",
+    )
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--json", help="also write every run's measurements to this file")

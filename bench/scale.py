@@ -36,6 +36,12 @@ Measured, in a fresh process per size:
   thousands of them, whatever writes them, and a window makes about ten creates and seven
   renames.
 
+``--own-time`` runs the day with ``assumeSameExpiry=false`` instead of ``bucketSpan=1 hour``: each
+re-send carries a time of its own window's minute (sent later than its original, as a
+producer's retry stamped at send time), keys go to ``numBuckets`` hash buckets (64), and every
+window touches every bucket, so ``maxCacheMemory`` is set to hold the whole day's keys (32 bytes
+a key: 24 for the key and its value, up to 2 for a large bucket's filter, and room to spare).
+
 The last lines are machine-readable: ``overhead_growth=<x>``, the time per row at window 1,440
 over the time per row at window 10 (the larger of the two sizes' figures; each is printed too),
 and ``rss_growth=<x>``, the peak RSS of the 10x run over that of the 1x run.
@@ -44,8 +50,8 @@ and ``rss_growth=<x>``, the peak RSS of the 10x run over that of the 1x run.
 pyinstrument profile of its last N windows (where the growth, if any, shows).
 
 Usage: ``python bench/scale.py [--windows N] [--rows-per-batch N] [--factor N]
-[--spark-probe N]``; ``--windows 120 --rows-per-batch 500 --spark-probe 0`` is a quick check
-(checkpoints beyond ``--windows`` are dropped, the last window is always one).
+[--spark-probe N] [--own-time]``; ``--windows 120 --rows-per-batch 500 --spark-probe 0`` is a
+quick check (checkpoints beyond ``--windows`` are dropped, the last window is always one).
 """
 
 from __future__ import annotations
@@ -90,16 +96,36 @@ SINK_OPTIONS = {
     "expiryPeriod": "24 hours",
     "bucketSpan": "1 hour",
 }
+# With --own-time the cache must hold every key of the day (hash buckets): this many bytes a
+# key covers the key, its value, a large bucket's filter and the fold of a bucket's recent keys.
+OWN_TIME_CACHE_BYTES_PER_KEY = 32
+
+
+def sink_options(
+    own_time: bool, rows_per_batch: int, windows: int, resend: float
+) -> dict[str, str]:
+    """The sink's options for the day: time buckets, or assumeSameExpiry=false (hash buckets)
+    with a cache large enough for the whole day's keys."""
+    if not own_time:
+        return dict(SINK_OPTIONS)
+    options = {k: v for k, v in SINK_OPTIONS.items() if k != "bucketSpan"}
+    keys = windows * (rows_per_batch - round(rows_per_batch * resend))
+    cache = max(64 << 20, keys * OWN_TIME_CACHE_BYTES_PER_KEY)
+    return {**options, "assumeSameExpiry": "false", "maxCacheMemory": str(cache)}
 
 
 class Day:
-    """Generates the windows: one minute of event time each, re-sends from recent windows."""
+    """Generates the windows: one minute of event time each, re-sends from recent windows
+    (with ``own_time``, stamped with a time of the window that re-sends them)."""
 
-    def __init__(self, rows_per_batch: int, resend_fraction: float, seed: int) -> None:
+    def __init__(
+        self, rows_per_batch: int, resend_fraction: float, seed: int, own_time: bool = False
+    ) -> None:
         self.rows = rows_per_batch
         self.resends = round(rows_per_batch * resend_fraction)
         self.rng = np.random.default_rng(seed)
         self.recent: list[pa.Table] = []
+        self.own_time = own_time
 
     def window(self, index: int) -> pa.Table:
         fresh = self.rows - self.resends
@@ -108,6 +134,12 @@ class Day:
         self.recent = [*self.recent[-2:], originals]
         pool = pa.concat_tables(self.recent)
         copies = pool.take(pa.array(self.rng.integers(0, pool.num_rows, self.resends)))
+        if self.own_time:
+            sent = EPOCH_2024_US + index * MINUTE_US + self.rng.integers(0, MINUTE_US, self.resends)
+            column = pa.array(sent, type=copies.schema.field("event_time").type)
+            copies = copies.set_column(
+                copies.schema.get_field_index("event_time"), "event_time", column
+            )
         table = pa.concat_tables([originals, copies])
         return table.take(pa.array(self.rng.permutation(table.num_rows)))
 
@@ -124,6 +156,7 @@ def run_day(
     work: Path,
     profile_last: int = 0,
     keep_port_cache: bool = False,
+    own_time: bool = False,
 ) -> dict[str, Any]:
     from dedupsink.engine.settings import resolve
     from dedupsink.options import DedupOptions
@@ -134,9 +167,10 @@ def run_day(
     # An executor's first task sets the process's memory policy before it reads any rows; this
     # process builds its windows' rows itself, so it sets the policy before building the first.
     bound_process_memory()
-    day = Day(rows_per_batch, resend_fraction, seed)
+    day = Day(rows_per_batch, resend_fraction, seed, own_time)
     first = day.window(0)
-    options = DedupOptions.parse({"path": str(work / "out"), **SINK_OPTIONS})
+    chosen = sink_options(own_time, rows_per_batch, windows, resend_fraction)
+    options = DedupOptions.parse({"path": str(work / "out"), **chosen})
     plan = SinkPlan(options, resolve(options, first.schema), first.schema)
     baseline_rss = vm_rss()
     seconds = np.zeros(windows)
@@ -224,13 +258,18 @@ def evict_port_files(output: Output, seen: set[str]) -> None:
 
 
 def spark_probe(
-    batches: int, rows_per_batch: int, resend_fraction: float, seed: int, work: Path
+    batches: int,
+    rows_per_batch: int,
+    resend_fraction: float,
+    seed: int,
+    work: Path,
+    own_time: bool = False,
 ) -> dict[str, Any]:
     """Per-batch time of the real Spark query over windows of the same shape."""
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
 
-    day = Day(rows_per_batch, resend_fraction, seed)
+    day = Day(rows_per_batch, resend_fraction, seed, own_time)
     source = work / "input"
     source.mkdir(parents=True)
     base = int(time.time()) - 86_400
@@ -256,7 +295,7 @@ def spark_probe(
         .option("path", str(work / "out"))
         .option("checkpointLocation", str(work / "checkpoint"))
     )
-    for key, value in SINK_OPTIONS.items():
+    for key, value in sink_options(own_time, rows_per_batch, batches, resend_fraction).items():
         writer = writer.option(key, value)
     started = time.perf_counter()
     query = writer.trigger(availableNow=True).start()
@@ -303,6 +342,7 @@ def launch(
         "--seed",
         str(args.seed),
         *(["--keep-port-cache"] if args.keep_port_cache else []),
+        *(["--own-time"] if args.own_time else []),
     ]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -402,6 +442,13 @@ def orchestrate(args: argparse.Namespace) -> None:
         "driving the sink's executor and driver code directly (run_task + commit_window, one "
         "task a window, local filesystem), without Spark's transport"
     )
+    if args.own_time:
+        options = sink_options(True, args.rows_per_batch, args.windows, args.resend)
+        print(
+            "assumeSameExpiry=false: re-sends carry their own window's time; "
+            + ", ".join(f"{k}={v}" for k, v in options.items())
+            + f" at {args.rows_per_batch:,} rows a window (maxCacheMemory scales with the size)"
+        )
     checkpoints = sorted({c for c in CHECKPOINTS if c < args.windows} | {args.windows})
     sizes = [args.rows_per_batch, args.rows_per_batch * args.factor]
     results = [launch("worker", args, rows) for rows in sizes]
@@ -462,6 +509,11 @@ def main() -> None:
         default="/dev/shm",
         help="also run the first size with its files here (a memory filesystem); '' to skip",
     )
+    parser.add_argument(
+        "--own-time",
+        action="store_true",
+        help="assumeSameExpiry=false, re-sends stamped with their own (later) time",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -478,6 +530,7 @@ def main() -> None:
                 work,
                 args.profile,
                 args.keep_port_cache,
+                args.own_time,
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -499,10 +552,11 @@ def main() -> None:
                 checkpoints,
                 work,
                 keep_port_cache=args.keep_port_cache,
+                own_time=args.own_time,
             )
         else:
             record = spark_probe(
-                args.spark_probe, args.rows_per_batch, args.resend, args.seed, work
+                args.spark_probe, args.rows_per_batch, args.resend, args.seed, work, args.own_time
             )
         print(RESULT_PREFIX + json.dumps(record), flush=True)
     else:

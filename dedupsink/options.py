@@ -47,6 +47,12 @@ OWNER_TIMEOUT_DEFAULT = "10 seconds"
 # Options named fs.<name> are fsspec storage options <name> for the store and the ports.
 STORAGE_OPTION_PREFIX = "fs."
 MASK = "***"
+ASSUME_SAME_EXPIRY = "assumeSameExpiry"
+# Assumption 1 of the Malhar design: re-sent copies carry their original's expiry value, which
+# lets time buckets keep the working set small. Copies stamped with their own (send) time need
+# ``false``: keys are then bucketed by hash and each remembers the value of its unique row.
+ASSUME_SAME_EXPIRY_DEFAULT = True
+BOOLEAN_ACCEPTED = "true or false"
 
 # A bucket span, when not given, is this fraction of the expiry period: 16 time buckets keep
 # each bucket small while one expiry period of history needs few files per bucket.
@@ -66,6 +72,7 @@ SINK_OPTIONS = (
     STORE_PATH,
     OUTPUT_FORMAT,
     OWNER_TIMEOUT,
+    ASSUME_SAME_EXPIRY,
 )
 # Options Spark itself puts in a sink's option map; they are Spark's business, not ours.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname", "__checkpointlocation"})
@@ -176,6 +183,18 @@ def parse_columns(option: str, text: str) -> tuple[str, ...]:
     return names
 
 
+def parse_bool(option: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise DedupOptionError(option, text, BOOLEAN_ACCEPTED)
+    return value == "true"
+
+
+def bool_text(value: bool) -> str:
+    """A boolean as an option value: ``true`` or ``false``."""
+    return "true" if value else "false"
+
+
 def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:
     for choice in choices:
         if choice.lower() == text.strip().lower():
@@ -206,6 +225,9 @@ class DedupOptions:
     )
     # Secrets travel here (keys, tokens): never shown by repr, to_strings, logs or errors.
     storage_options: dict[str, object] = field(default_factory=dict, repr=False)
+    # None: not given. Resolution applies ASSUME_SAME_EXPIRY_DEFAULT where the option applies
+    # (tupleTime, ordered) and refuses a given value where it does not.
+    assume_same_expiry: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.store_path:
@@ -256,6 +278,10 @@ class DedupOptions:
                 lambda v: parse_choice(OUTPUT_FORMAT, v, OUTPUT_FORMATS),
             ),
             OWNER_TIMEOUT: ("owner_timeout", lambda v: parse_duration(OWNER_TIMEOUT, v)),
+            ASSUME_SAME_EXPIRY: (
+                "assume_same_expiry",
+                lambda v: parse_bool(ASSUME_SAME_EXPIRY, v),
+            ),
         }
         for option, (attribute, parser) in optional_parsers.items():
             value = text(option)
@@ -284,6 +310,12 @@ class DedupOptions:
             raise DedupOptionError(
                 EXPIRY_PERIOD, None, "a period: it is required with an expiry key or expiryMode"
             )
+        if self.assume_same_expiry is not None:
+            if not self.has_expiry:
+                raise misplaced_assume_same_expiry(self.assume_same_expiry, "Basic Dedup")
+            if self.expiry_mode in ("systemTime", "categorical"):
+                mode = f"expiryMode={self.expiry_mode}"
+                raise misplaced_assume_same_expiry(self.assume_same_expiry, mode)
         if not self.has_expiry:
             for option, value in (
                 (EXPIRY_PERIOD, self.expiry_period),
@@ -305,6 +337,8 @@ class DedupOptions:
         out[OWNER_TIMEOUT] = self.owner_timeout.text
         if self.keys is not None:
             out[KEYS] = ",".join(self.keys)
+        if self.assume_same_expiry is not None:
+            out[ASSUME_SAME_EXPIRY] = bool_text(self.assume_same_expiry)
         for option, value in (
             (EXPIRY_KEY, self.expiry_key),
             (EXPIRY_MODE, self.expiry_mode),
@@ -360,6 +394,15 @@ def mask_values(text: str, values: Iterable[object]) -> str:
         if len(value) >= 3:
             text = text.replace(value, MASK)
     return text
+
+
+def misplaced_assume_same_expiry(value: bool, where: str) -> DedupOptionError:
+    """The error for assumeSameExpiry in a mode it does not apply to."""
+    return DedupOptionError(
+        ASSUME_SAME_EXPIRY,
+        bool_text(value),
+        f"no value in {where}: it applies to expiryMode=tupleTime and expiryMode=ordered only",
+    )
 
 
 def _refuse_unknown(given: Mapping[str, str]) -> None:

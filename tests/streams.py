@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -171,6 +172,48 @@ def run_script(script: Path, argument: Mapping[str, Any], timeout: float = 300) 
     )
     output = f"{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
     assert done.returncode == 0, f"{script.name} exited with {done.returncode}:\n{output}"
+
+
+# -- streams whose re-sent copies carry their own, later expiry values -------------------------
+
+
+def later_resends(
+    seed: int, windows: int, step: int = 10, same_value: float = 0.2
+) -> list[list[tuple[int | None, int | None]]]:
+    """Windows of ``(key, expiry value)`` rows in which Assumption 1 does not hold.
+
+    Window ``w`` spans values ``w * step`` to ``w * step + step - 1``. It brings 8 to 14 new keys
+    with values in its span, and copies of keys first sent 1 to 5 windows earlier: most carry a
+    value in their own window's span (a send time, later than the first copy's), a fraction
+    ``same_value`` their first copy's value (a plain re-send, late by then). A key comes at most
+    once a window, so which row of a window is unique never depends on row order or
+    partitioning. About every other window also has a row with a null key and one with a null
+    value. Rows are shuffled within a window.
+    """
+    rng = random.Random(seed)
+    scheduled: dict[int, list[tuple[int, int | None]]] = {}  # window -> (key, kept value)
+    out: list[list[tuple[int | None, int | None]]] = []
+    keys = 0
+    for window in range(windows):
+        start = window * step
+        rows: list[tuple[int | None, int | None]] = [
+            (key, start + rng.randrange(step) if kept is None else kept)
+            for key, kept in scheduled.pop(window, [])
+        ]
+        for _ in range(rng.randint(8, 14)):
+            value = start + rng.randrange(step)
+            rows.append((keys, value))
+            for offset in rng.sample(range(1, 6), rng.randint(0, 3)):
+                kept = value if rng.random() < same_value else None
+                scheduled.setdefault(window + offset, []).append((keys, kept))
+            keys += 1
+        if rng.random() < 0.5:
+            rows.append((None, start + rng.randrange(step)))
+        if rng.random() < 0.5:
+            rows.append((rng.randrange(keys), None))
+        rng.shuffle(rows)
+        out.append(rows)
+    return out
 
 
 # -- the reference model (tests/reference.py) over whole streams -----------------------------

@@ -32,6 +32,7 @@ from dedupsink.options import DedupOptions
 from dedupsink.sink.commit import commit_window
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.task import run_task
+from dedupsink.store import cache as cache_module
 from dedupsink.store.cache import BucketCache, BucketManager, CachedBucket, manager_for
 from dedupsink.store.format import Manifest, encode_segments
 from dedupsink.store.store import BucketStore, window_file_name
@@ -45,23 +46,38 @@ MODES: dict[str, dict[str, Any]] = {
     "basic": {
         "schema": pa.schema([("id", pa.int64()), ("v", pa.string())]),
         "options": {"keys": "id", "numBuckets": "64"},
-        "row": lambda i: {"id": i, "v": f"payload-{i}"},
+        "row": lambda i, w: {"id": i, "v": f"payload-{i}"},
         "reference": ("basic", None),
         "value": lambda r: None,
     },
     "ordered": {
         "schema": pa.schema([("id", pa.int64()), ("n", pa.int64())]),
         "options": {"keys": "id", "expiryKey": "n", "expiryPeriod": "60", "bucketSpan": "6"},
-        "row": lambda i: {"id": i, "n": i * 2},
+        "row": lambda i, w: {"id": i, "n": i * 2},
         "reference": ("ordered", 60),
         "value": lambda r: r["n"],
     },
     "categorical": {
         "schema": pa.schema([("id", pa.string()), ("cohort", pa.string())]),
         "options": {"keys": "id", "expiryKey": "cohort", "expiryPeriod": "3", "numBuckets": "16"},
-        "row": lambda i: {"id": f"k{i}", "cohort": f"c{i // 8}"},
+        "row": lambda i, w: {"id": f"k{i}", "cohort": f"c{i // 8}"},
         "reference": ("categorical", 3),
         "value": lambda r: r["cohort"],
+    },
+    # Most ids carry the time of the window that sends them (Assumption 1 does not hold), a
+    # third the time of the window their id belongs to (late when re-sent long after).
+    "own-time": {
+        "schema": pa.schema([("id", pa.int64()), ("t", pa.int64())]),
+        "options": {
+            "keys": "id",
+            "expiryKey": "t",
+            "expiryPeriod": "400",
+            "assumeSameExpiry": "false",
+            "numBuckets": "16",
+        },
+        "row": lambda i, w: {"id": i, "t": (i // 40 if i % 3 == 0 else w) * 80 + i % 40},
+        "reference": ("ordered", 400),
+        "value": lambda r: r["t"],
     },
 }
 
@@ -152,7 +168,7 @@ def fill(root: Path, mode: str, seed: int = 3) -> FilledStore:
     filled.answers = {cap: [] for cap in CAPACITIES}
     rng = random.Random(seed)
     for window in range(WINDOWS):
-        rows = [spec["row"](i) for i in window_ids(rng, window)]
+        rows = [spec["row"](i, window) for i in window_ids(rng, window)]
         # Two tasks, partitioned by key as `repartition(n, key)` would: no key in both.
         tasks = [[r for r in rows if key_number(r) % 2 == p] for p in (0, 1)]
         manifest = filled.latest()
@@ -182,8 +198,8 @@ def test_the_filled_store_spans_many_buckets(filled: FilledStore) -> None:
     last = filled.latest()
     assert len(last.buckets) > 2
     assert last.totals["windows"] == WINDOWS
-    if filled.mode == "basic":
-        # Without expiry every window adds segments: crowded buckets got compacted.
+    if filled.mode in ("basic", "own-time"):
+        # Every window adds a segment to nearly every hash bucket: crowded ones got compacted.
         assert filled.compacted_buckets > 0
 
 
@@ -280,6 +296,20 @@ def test_replacing_a_bucket_counts_its_bytes_once() -> None:
     assert cache.nbytes == 300 * 16 and cache.info().size == 1
 
 
+def test_a_bucket_fed_a_few_keys_a_window_folds_its_recent_keys_sooner() -> None:
+    """Folding at bulk / sqrt(bulk / 2k) when that is above the fixed quarter: the bound on the
+    recent keys, merged every window, then grows as the square root of the bucket."""
+    assert cache_module._fold_ratio(1_000, 1_000) == 4  # a time bucket filling up
+    assert cache_module._fold_ratio(405_000, 281) == pytest.approx(26.8, abs=0.1)
+    bulk = KeySet.build(*(np.arange(1, 40_001, dtype=np.uint64),) * 2, None)
+    entry = CachedBucket(bulk)
+    for start in range(50_000, 60_000, 28):
+        part = np.arange(start, start + 28, dtype=np.uint64)
+        entry = entry.added([KeySet.build(part, part, None)], frozenset(), None)
+        assert entry.recent is None or len(entry.recent) * 26 < len(entry.keys)
+    assert entry.added([], frozenset({("f", 8)}), None).segments == frozenset({("f", 8)})
+
+
 def test_capacity_one_keeps_only_the_last_bucket() -> None:
     cache = BucketCache(1)
     entry = CachedBucket(keys=KeySet.empty(None))
@@ -306,7 +336,7 @@ def remembered(manager: BucketManager, manifest: Manifest, ids: Sequence[int]) -
 
 
 def one_window(plan: SinkPlan, batch_id: int, ids: Sequence[int], commit: bool = True) -> None:
-    rows = [MODES["basic"]["row"](i) for i in ids]
+    rows = [MODES["basic"]["row"](i, batch_id) for i in ids]
     identity = TaskIdentity(QUERY, RUN, batch_id, 0, 0)
     summary = run_task(plan, identity, iter([batch_of(rows, SCHEMA)]))
     if commit:
@@ -362,6 +392,52 @@ def test_a_warm_manager_sees_keys_once_their_window_commits(tmp_path: Path) -> N
     assert (
         remembered(BucketManager(store, BucketCache(64), None), v1, range(50, 100)) == [False] * 50
     )
+
+
+def expiry_answers(manager: BucketManager, manifest: Manifest, ids: Sequence[int]) -> list[bool]:
+    """Which ids the manager remembers above the manifest's expiry point (one bucket)."""
+    fps = fps_of(ids)
+    point = manifest.latest - manifest.settings["period"]
+    return manager.use(manifest).remembered(np.zeros(len(ids), np.int64), fps, point).tolist()
+
+
+def test_a_bucket_compacted_under_a_warm_cache_answers_as_one_built_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compacted segment's keys are mostly keys the warm bucket holds already: they are left
+    out of its merge, the ones it lacks (or holds with an older value) are not."""
+    spec = MODES["own-time"]
+    options = {**spec["options"], "numBuckets": "1", "expiryPeriod": "2000"}
+    plan = make_plan(tmp_path, spec["schema"], **options)
+    left_out: list[int] = []
+    unheld = CachedBucket.unheld
+
+    def counting(self: CachedBucket, part: KeySet) -> KeySet:
+        kept = unheld(self, part)
+        left_out.append(len(part) - len(kept))
+        return kept
+
+    monkeypatch.setattr(CachedBucket, "unheld", counting)
+
+    def window(number: int, ids: Sequence[int]) -> None:
+        rows = [{"id": i, "t": number * 100 + i % 50} for i in ids]
+        batch = batch_of(rows, plan.schema)
+        summary = run_task(plan, TaskIdentity(QUERY, RUN, number, 0, 0), iter([batch]))
+        assert commit_window(plan, [summary], number) is not None
+
+    window(0, range(2000))
+    warm = BucketManager(plan.store, BucketCache(4), stamp_dtype(plan.settings))
+    rng = random.Random(5)
+    probe = list(range(0, 3000, 7))
+    for number in range(1, 40):
+        manifest = plan.store.read()
+        assert manifest is not None
+        fresh = BucketManager(plan.store, BucketCache(4), stamp_dtype(plan.settings))
+        assert expiry_answers(warm, manifest, probe) == expiry_answers(fresh, manifest, probe)
+        # New ids, and re-sent ones: forgotten ones come back with a later value.
+        new = range(2000 + 20 * number, 2020 + 20 * number)
+        window(number, [*new, *rng.sample(range(2000 + 20 * number), 5)])
+    assert sum(left_out) > 100, "no compacted segment was merged into a warm bucket"
 
 
 # -- the memory a caching process gives back ------------------------------------------------

@@ -91,6 +91,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         ({"source.format": None}, "source.format is required"),
         ({"path": None}, "option path=None"),
         ({"bucketSpan": "48 hours"}, "option bucketSpan='48 hours'"),
+        ({"assumeSameExpiry": "maybe"}, "option assumeSameExpiry='maybe'"),
         (
             {"source.option.maxFilesPerTrigger": None, "source.optoin.maxFilesPerTrigger": "1"},
             "did you mean source.option.maxFilesPerTrigger?",
@@ -317,6 +318,51 @@ def test_inspect_a_new_store(
     assert "windows     0 committed" in text
     assert "query q1" in text
     assert f"ports       {tmp_path / 'out'}" in text
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        (None, "24 buckets, assumeSameExpiry true"),
+        ("true", "24 buckets, assumeSameExpiry true"),
+        ("FALSE", "expiryPeriod 24 hours, 64 hash buckets, assumeSameExpiry false"),
+    ],
+)
+def test_validate_and_inspect_show_assume_same_expiry(
+    write_config: WriteConfig,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    given: str | None,
+    shown: str,
+) -> None:
+    # With false a bucket span is refused: keys are bucketed by hash.
+    path = write_config(
+        {"assumeSameExpiry": given, "bucketSpan": None if given == "FALSE" else "1 hour"}
+    )
+    assert main(["validate", str(path)]) == 0
+    assert shown in capsys.readouterr().out
+    owned_store(path, "q1")
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert shown in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert settings["assume_same_expiry"] is (given != "FALSE")
+
+
+def test_inspect_a_store_recorded_before_assume_same_expiry_shows_true(
+    write_config: WriteConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = owned_store(write_config(), "q1")
+    manifest = store.read()
+    assert manifest is not None
+    old = Manifest.from_bytes(manifest.to_bytes(), "test")
+    old.version += 1
+    del old.settings["assume_same_expiry"]
+    store.commit(old)
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert "assumeSameExpiry true" in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["assume_same_expiry"] is True
 
 
 def test_inspect_a_path_without_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

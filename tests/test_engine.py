@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from reference import ReferenceDedup
+from streams import later_resends
 
 from dedupsink.engine.classify import (
     DUPLICATE,
@@ -300,6 +301,119 @@ def test_random_stream_with_max_expiry_jump_matches_the_reference() -> None:
         assert got == reference.window(rows, lambda r: r["id"], lambda r: r["seq"])
         ports.extend(got)
     assert ports.count("error") > 0
+
+
+# -- re-sent copies that carry their own, later expiry value (assumeSameExpiry=false) ------
+
+OWN_TIME_PERIOD = 30  # three windows of later_resends' default step
+
+
+def own_time_stream(kind: str, seed: int) -> tuple[pa.Schema, dict[str, str], list[list[dict]]]:
+    """``later_resends`` as ordered integers, or as minutes of tupleTime."""
+    windows = later_resends(seed, 24)
+    if kind == "ordered":
+        schema = pa.schema([("id", pa.int64()), ("v", pa.int64())])
+        period, convert = str(OWN_TIME_PERIOD), lambda v: v
+    else:
+        schema = pa.schema([("id", pa.int64()), ("v", pa.timestamp("us"))])
+        period, convert = f"{OWN_TIME_PERIOD} minutes", lambda v: T0_US + v * MINUTE_US
+    options = {"keys": "id", "expiryKey": "v", "expiryPeriod": period}
+    rows = [
+        [{"id": key, "v": None if value is None else convert(value)} for key, value in window]
+        for window in windows
+    ]
+    return schema, options, rows
+
+
+def run_own_time_stream(
+    kind: str, seed: int, **raw: str
+) -> tuple[list[str], list[str], list[int | None]]:
+    """The classifier's ports over a later-resends stream, the reference's (SPEC 3.5), and
+    each row's key."""
+    schema, options, windows = own_time_stream(kind, seed)
+    index = CommittedIndex(settings_for(schema, **options, **raw))
+    period = OWN_TIME_PERIOD * (1 if kind == "ordered" else MINUTE_US)
+    reference = ReferenceDedup("ordered", period)
+    rng = random.Random(seed)
+    got: list[str] = []
+    expected: list[str] = []
+    for rows in windows:
+        batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+        got += classify_window(index, sliced(batch, rng))[0]
+        expected += reference.window(rows, lambda r: r["id"], lambda r: r["v"])
+    return got, expected, [row["id"] for rows in windows for row in rows]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["ordered", "tupleTime"])
+def test_later_resends_match_the_reference_with_assume_same_expiry_false(
+    kind: str, seed: int
+) -> None:
+    got, expected, keys = run_own_time_stream(kind, seed, assumeSameExpiry="false")
+    assert got == expected
+    # Copies met every case of SPEC 3.5: remembered (duplicate), too late (expired), and
+    # forgotten before they came (unique a second time).
+    assert {"unique", "duplicate", "expired", "error"} <= set(expected)
+    unique_keys = [key for key, port in zip(keys, expected, strict=True) if port == "unique"]
+    assert len(unique_keys) > len(set(unique_keys))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_default_setting_counts_copies_with_later_values_as_unique(seed: int) -> None:
+    """Assumption 1 does not hold on this stream: under it, a copy is looked up in the time
+    bucket of its own value, misses its first copy there, and comes out unique."""
+    got, expected, _ = run_own_time_stream("tupleTime", seed)
+    pairs = zip(got, expected, strict=True)
+    assert sum(g == "unique" and e == "duplicate" for g, e in pairs) > 10
+    fixed, _, _ = run_own_time_stream("tupleTime", seed, assumeSameExpiry="false")
+    assert fixed == expected
+
+
+def own_time_index(**raw: str) -> tuple[pa.Schema, CommittedIndex]:
+    schema = pa.schema([("id", pa.string()), ("n", pa.int64())])
+    settings = settings_for(
+        schema, keys="id", expiryKey="n", expiryPeriod="10", assumeSameExpiry="false", **raw
+    )
+    return schema, CommittedIndex(settings)
+
+
+def test_a_copy_is_unique_once_its_first_value_reaches_the_expiry_point() -> None:
+    schema, index = own_time_index()
+    classify_window(index, [one_batch(schema, id=["a", "b"], n=[0, 1])])
+    classify_window(index, [one_batch(schema, id=["c"], n=[10])])
+    # L = 10, E = 0: a (remembered with 0) is forgotten, b (with 1) is not; a row at 0 expires.
+    got, _ = classify_window(index, [one_batch(schema, id=["a", "b", "d"], n=[11, 11, 0])])
+    assert got == ["unique", "duplicate", "expired"]
+    # L = 11, E = 1: a is remembered again, with 11 this time; b still with 1, so forgotten.
+    got, _ = classify_window(index, [one_batch(schema, id=["a", "b"], n=[20, 20])])
+    assert got == ["duplicate", "unique"]
+
+
+def test_a_duplicate_does_not_extend_how_long_its_key_is_remembered() -> None:
+    schema, index = own_time_index()
+    classify_window(index, [one_batch(schema, id=["a"], n=[0])])
+    assert classify_window(index, [one_batch(schema, id=["a", "x"], n=[9, 10])])[0] == [
+        "duplicate",
+        "unique",
+    ]
+    # E = 0: a was remembered with 0, its unique row's value; the copy stamped 9 changed nothing.
+    assert classify_window(index, [one_batch(schema, id=["a"], n=[15])])[0] == ["unique"]
+
+
+def test_a_copy_with_an_earlier_value_above_the_expiry_point_is_a_duplicate() -> None:
+    schema, index = own_time_index()
+    classify_window(index, [one_batch(schema, id=["a"], n=[8])])
+    classify_window(index, [one_batch(schema, id=["x"], n=[12])])
+    assert classify_window(index, [one_batch(schema, id=["a"], n=[3])])[0] == ["duplicate"]
+
+
+def test_keys_are_bucketed_by_hash_with_their_own_stamps() -> None:
+    schema, index = own_time_index(numBuckets="4")
+    classifier = index.classifier()
+    classifier.classify(one_batch(schema, id=[f"k{i}" for i in range(40)], n=list(range(40))))
+    new = classifier.new_keys()
+    assert new.stamps is not None and new.stamps.tolist() == list(range(40))
+    assert (new.buckets == (new.h1 % np.uint64(4)).astype(np.int64)).all()
 
 
 # -- fixed cases --------------------------------------------------------------------------
@@ -840,3 +954,35 @@ def test_keyset_merge_equals_building_the_union(seed: int) -> None:
     assert as_dict(merged) == as_model(*union)
     alive = merged.alive(50)
     assert as_dict(alive) == {k: v for k, v in as_model(*union).items() if v > 50}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_keyset_held_in_is_sound_and_dropping_held_keys_changes_no_merge(seed: int) -> None:
+    """A key is claimed held only if the other set has it with at least its stamp (shared h1
+    lanes may be answered False), so leaving held keys out of a merge changes nothing."""
+    other, part = KeySet.build(*crowded_keys(seed, 25)), KeySet.build(*crowded_keys(seed + 9, 15))
+    held = part.held_in(other)
+    model = as_dict(other)
+    assert part.stamps is not None
+    for key, stamp, claimed in zip(
+        zip(part.h1.tolist(), part.h2.tolist(), strict=True),
+        part.stamps.tolist(),
+        held.tolist(),
+        strict=True,
+    ):
+        assert not claimed or model.get(key, -1) >= stamp
+    assert as_dict(other.merge(part.without(held))) == as_dict(other.merge(part))
+
+
+def test_keyset_held_in_finds_every_held_key_of_distinct_lanes() -> None:
+    rng = np.random.default_rng(5)
+    h1 = rng.permutation(np.arange(1_000, dtype=np.uint64) * np.uint64(7919))
+    h2, stamps = h1 + np.uint64(1), rng.integers(0, 100, 1_000).astype(np.int64)
+    other = KeySet.build(h1[:800], h2[:800], stamps[:800])
+    # Part: 300 held keys (100 of them with a larger stamp now), 200 new ones.
+    newer = stamps[500:800].copy()
+    newer[:100] += 1
+    part = KeySet.build(h1[500:], h2[500:], np.concatenate([newer, stamps[800:]]))
+    held = part.held_in(other)
+    assert held.sum() == 200
+    assert len(part.without(held)) == 300

@@ -371,3 +371,86 @@ def test_identity_leaves_out_max_expiry_jump() -> None:
     jumpy = settings_of({**raw, "maxExpiryJump": "2 days"})
     assert plain.identity() == jumpy.identity()
     assert "max_expiry_jump" not in plain.identity()
+
+
+# -- assumeSameExpiry -------------------------------------------------------------------------
+
+TIME_RAW = {"keys": "id", "expiryKey": "ts", "expiryPeriod": "1 hour"}
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("true", True), ("FALSE", False), (" False ", False), ("True", True)]
+)
+def test_assume_same_expiry_reads_true_or_false_in_any_case(text: str, value: bool) -> None:
+    options = DedupOptions.parse({"path": "/o", **TIME_RAW, "ASSUMESAMEEXPIRY": text})
+    assert options.assume_same_expiry is value
+
+
+@pytest.mark.parametrize("text", ["yes", "0", "f", "truee"])
+def test_assume_same_expiry_must_be_true_or_false(text: str) -> None:
+    error = option_error({"path": "/o", **TIME_RAW, "assumeSameExpiry": text})
+    assert_names(error, "assumeSameExpiry", text, "true or false")
+
+
+def test_assume_same_expiry_defaults_to_true_with_time_buckets() -> None:
+    settings = settings_of(TIME_RAW)
+    assert settings.assume_same_expiry is True
+    assert settings.buckets_by_time
+    assert settings.identity()["assume_same_expiry"] is True
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        TIME_RAW,
+        {"keys": "id", "expiryKey": "seq", "expiryPeriod": "100"},
+        {"keys": "id", "expiryKey": "score", "expiryPeriod": "2.5"},
+    ],
+    ids=["tupleTime", "ordered-int", "ordered-float"],
+)
+def test_assume_same_expiry_false_buckets_by_key_hash(raw: dict[str, str]) -> None:
+    settings = settings_of({**raw, "assumeSameExpiry": "false", "numBuckets": "32"})
+    assert settings.assume_same_expiry is False
+    assert not settings.buckets_by_time
+    assert settings.stores_stamps
+    assert (settings.span, settings.bucket_count) == (None, 32)
+    assert settings.identity()["assume_same_expiry"] is False
+
+
+def test_assume_same_expiry_false_refuses_a_bucket_span() -> None:
+    raw = {"path": "/o", **TIME_RAW, "assumeSameExpiry": "false", "bucketSpan": "5 minutes"}
+    error = option_error(raw)
+    assert_names(error, "bucketSpan", "5 minutes", "assumeSameExpiry=false", "numBuckets")
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        ({"keys": "id"}, "Basic Dedup"),
+        ({"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 h"}, "systemTime"),
+        ({"keys": "id", "expiryKey": "category", "expiryPeriod": "3"}, "categorical"),
+        (
+            {
+                "keys": "id",
+                "expiryKey": "category",
+                "expiryMode": "categorical",
+                "expiryPeriod": "3",
+            },
+            "categorical",
+        ),
+    ],
+    ids=["basic", "systemTime", "categorical-inferred", "categorical-given"],
+)
+@pytest.mark.parametrize("text", ["true", "false"])
+def test_assume_same_expiry_is_refused_where_it_does_not_apply(
+    raw: dict[str, str], where: str, text: str
+) -> None:
+    error = option_error({"path": "/o", **raw, "assumeSameExpiry": text})
+    assert_names(error, "assumeSameExpiry", text, where, "tupleTime", "ordered")
+
+
+def test_assume_same_expiry_round_trips_through_strings() -> None:
+    options = DedupOptions.parse({"path": "/o", **TIME_RAW, "assumeSameExpiry": "FALSE"})
+    assert options.to_strings()["assumeSameExpiry"] == "false"
+    assert DedupOptions.parse(options.to_strings()) == options
+    assert "assumeSameExpiry" not in DedupOptions.parse({"path": "/o", **TIME_RAW}).to_strings()

@@ -9,21 +9,25 @@ rows, every port has its schema even when empty, Spark's sink log has one entry 
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyspark.errors import StreamingQueryException
 from streams import (
     Output,
     assert_matches_reference,
     check_ports,
+    later_resends,
+    output_listing,
     port_values,
     read_port,
     reference_outputs,
     run_stream,
     spark_log_names,
+    start_stream,
     windows_of,
     write_batches,
 )
@@ -31,6 +35,7 @@ from streams import (
 pytestmark = pytest.mark.spark
 
 DAY_MICROS = 86_400_000_000
+MINUTE_MICROS = 60_000_000
 
 
 def table(**columns: list[Any]) -> pa.Table:
@@ -268,6 +273,79 @@ def test_system_time_mode_forgets_keys_stored_more_than_a_period_ago(
     assert port_values(output, "unique", "id") == [1, 1, 2, 2, 3]
     assert port_values(output, "duplicate", "id") == [1, 3]
     assert port_values(output, "expired", "id") == []
+
+
+OWN_TIME = {"keys": "id", "expiryKey": "at", "expiryPeriod": "30 minutes", "numBuckets": "4"}
+
+
+def later_resend_tables(seed: int, windows: int) -> list[pa.Table]:
+    """``streams.later_resends`` with its values as minutes after 2024-01-01 00:00 UTC."""
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    tables = []
+    for window in later_resends(seed, windows):
+        at = [None if v is None else start + timedelta(minutes=v) for _, v in window]
+        tables.append(
+            pa.table(
+                {
+                    "id": pa.array([key for key, _ in window], pa.int64()),
+                    "at": pa.array(at, pa.timestamp("us", tz="UTC")),
+                }
+            )
+        )
+    return tables
+
+
+def test_later_resends_over_partitions_and_a_restart_match_the_reference(
+    spark: Any, workdir: Path
+) -> None:
+    """Copies re-sent 1 to 5 windows later with later times, over three partitions, the query
+    restarted from its checkpoint half-way: with assumeSameExpiry=false every port equals the
+    reference (SPEC 3.5). The store then refuses to be reopened with the default setting."""
+    batches = later_resend_tables(11, 12)
+    output, source = workdir / "out", workdir / "in"
+    options = {**OWN_TIME, "assumeSameExpiry": "false"}
+    write_batches(source, batches[:6])
+    run_stream(spark, source, output, options, workdir / "chk", repartition=3)
+    write_batches(source, batches[6:], start=6)
+    run_stream(spark, source, output, options, workdir / "chk", repartition=3)
+    windows = windows_of(batches)
+    expected = reference_outputs(windows, "tupleTime", ["id"], "at", 30 * MINUTE_MICROS)
+    assert_matches_reference(output, expected, ["id", "at"])
+    check_ports(spark, output, ["id", "at"], len(windows))
+    unique_ids = read_port(output, "unique").column("id").to_pylist()
+    assert len(unique_ids) > len(set(unique_ids)), "no key was forgotten and sent again"
+
+    before = output_listing(output)
+    reopened = {"path": str(output), **OWN_TIME}
+    with pytest.raises(StreamingQueryException) as caught:
+        start_stream(spark, source, reopened, workdir / "chk-default").awaitTermination()
+    message = str(caught.value)
+    assert "option assumeSameExpiry='true' is invalid: expected false" in message
+    assert "the value the store at" in message
+    assert output_listing(output) == before
+
+
+def test_a_copy_sent_when_its_first_time_reaches_the_expiry_point_is_unique(
+    spark: Any, workdir: Path
+) -> None:
+    """Window 2 has L = 01:00, E = 00:00: a (remembered at 00:00) is forgotten, so its copy is
+    unique; b (remembered at 00:01) is not, so its copy is a duplicate; d at 00:00 expires."""
+    batches = [
+        table(id=["a", "b"], at=timestamps("01-01-2024 00:00", "01-01-2024 00:01")),
+        table(id=["c"], at=timestamps("01-01-2024 01:00")),
+        table(
+            id=["a", "b", "d"],
+            at=timestamps("01-01-2024 01:01", "01-01-2024 01:01", "01-01-2024 00:00"),
+        ),
+    ]
+    options = {"keys": "id", "expiryKey": "at", "expiryPeriod": "1 hour"}
+    options["assumeSameExpiry"] = "false"
+    output = run_and_compare(
+        spark, workdir, batches, options, "tupleTime", ["id"], 60 * MINUTE_MICROS
+    )
+    assert port_values(output, "unique", "id") == ["a", "a", "b", "c"]
+    assert port_values(output, "duplicate", "id") == ["b"]
+    assert port_values(output, "expired", "id") == ["d"]
 
 
 def test_max_expiry_jump_sends_far_future_rows_to_error_without_moving_the_latest_point(

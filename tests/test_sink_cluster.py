@@ -37,7 +37,7 @@ from streams import (
 )
 
 from dedupsink.sink.datasource import DedupCommitMessage, DedupDataSource, DedupStreamWriter
-from dedupsink.sink.task import SinkPlan
+from dedupsink.sink.plan import SinkPlan
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 

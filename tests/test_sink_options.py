@@ -98,6 +98,11 @@ def stream_input(workdir: Path) -> Path:
             "option maxExpiryJump='soon'",
         ),
         ({"keys": "id", "expiryPeriode": "10"}, "did you mean expiryPeriod?"),
+        (
+            {"keys": "id", "expiryKey": "at", "expiryPeriod": "1 h", "assumeSameExpiry": "no"},
+            "option assumeSameExpiry='no'",
+        ),
+        ({"keys": "id", "assumeSameExpiry": "false"}, "option assumeSameExpiry='false'"),
     ],
     ids=[
         "missing-path",
@@ -113,6 +118,8 @@ def stream_input(workdir: Path) -> Path:
         "unknown-output-format",
         "bad-max-expiry-jump",
         "misspelt-option",
+        "assume-same-expiry-not-boolean",
+        "assume-same-expiry-in-basic-dedup",
     ],
 )
 def test_bad_option_fails_the_query_before_any_output_and_names_the_option(
@@ -146,8 +153,9 @@ def existing_store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path
         ({"keys": "id,name"}, "option keys=['id', 'name']"),
         ({"expiryKey": None, "expiryPeriod": None}, "option expiryMode='basic'"),
         ({"bucketSpan": "2"}, "option bucketSpan=2"),
+        ({"assumeSameExpiry": "false"}, "option assumeSameExpiry='false'"),
     ],
-    ids=["period", "keys", "mode", "bucket-span"],
+    ids=["period", "keys", "mode", "bucket-span", "assume-same-expiry"],
 )
 def test_incompatible_change_of_an_existing_store_fails_before_writing(
     spark: Any, existing_store: Path, changed: dict[str, str | None], named: str

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import copy
 import errno
+import random
+import re
 import shutil
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from faultfs import FAULTS, count_steps, fault_url
+from reference import ReferenceDedup
+from streams import later_resends
 
 from dedupsink.engine.classify import PORTS, stamp_dtype
 from dedupsink.engine.fingerprint import fingerprint
@@ -34,11 +39,13 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import DedupOptions
+from dedupsink.sink import compaction as compaction_module
 from dedupsink.sink import settle as settle_module
 from dedupsink.sink import task as task_module
 from dedupsink.sink.commit import CommitReport, commit_window
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.task import TaskSummary, run_task
+from dedupsink.store import cache as cache_module
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import (
     WINDOW_MAGIC,
@@ -67,6 +74,7 @@ from dedupsink.store.store import (
 
 SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int64())])
 ORDERED = {"keys": "id", "expiryKey": "n", "expiryPeriod": "10", "bucketSpan": "5"}
+ORDERED_HASHABLE = {"keys": "id", "expiryKey": "n", "expiryPeriod": "10"}  # no bucketSpan
 QUERY = "query-1"
 
 
@@ -187,6 +195,33 @@ def test_changed_settings_are_refused_naming_the_option(
     assert caught.value.option == option
     assert option in str(caught.value)
     assert "was created with" in str(caught.value)
+
+
+@pytest.mark.parametrize(("created", "reopened"), [("true", "false"), ("false", "true")])
+def test_changed_assume_same_expiry_is_refused_naming_the_recorded_value(
+    root: str, created: str, reopened: str
+) -> None:
+    """Named as such, not as the bucket span or count that follow from it."""
+    plan = make_plan(root, **ORDERED_HASHABLE, assumeSameExpiry=created)
+    plan.store.open(plan.settings)
+    other = make_plan(root, **ORDERED_HASHABLE, assumeSameExpiry=reopened)
+    with pytest.raises(StoreSettingsError) as caught:
+        other.store.open(other.settings)
+    assert (caught.value.option, caught.value.value) == ("assumeSameExpiry", reopened)
+    assert f"expected {created}, the value the store at" in str(caught.value)
+
+
+def test_a_store_recorded_before_assume_same_expiry_existed_reads_as_true(root: str) -> None:
+    plan = make_plan(root, **ORDERED_HASHABLE)
+    manifest = plan.store.open(plan.settings)
+    old = Manifest.from_bytes(manifest.to_bytes(), "m")
+    old.version = 1
+    del old.settings["assume_same_expiry"]
+    plan.store.commit(old)
+    assert plan.store.open(plan.settings).version == 1
+    other = make_plan(root, **ORDERED_HASHABLE, assumeSameExpiry="false")
+    with pytest.raises(StoreSettingsError, match="expected true, the value"):
+        other.store.open(other.settings)
 
 
 def test_changed_bucket_count_is_refused_in_basic_mode(root: str) -> None:
@@ -622,10 +657,161 @@ def test_concatenating_a_damaged_segment_is_refused() -> None:
         concat_segments([bytes(raw)], [segment], None, ["f"], "g", 8)
 
 
+def segments_of(*counts: int) -> list[Segment]:
+    return [Segment(f"f{i}", 8, 16 * n, n, 0) for i, n in enumerate(counts)]
+
+
+@pytest.mark.parametrize(
+    ("counts", "folded"),
+    [
+        ((3, 4, 5, 20, 100), 3),  # 3 + 4 + 5 = 12 < 20
+        ((1, 50, 60, 200), 2),  # the two smallest always; 60 > 51
+        ((7, 7, 7, 7, 7, 7, 7, 7, 56, 112, 500), 10),  # 56 <= 56, 112 <= 112, 500 > 224
+        ((5, 5), 2),
+    ],
+)
+def test_a_hash_bucket_folds_its_small_segments(counts: tuple[int, ...], folded: int) -> None:
+    segments = segments_of(*counts)
+    assert compaction_module.tiered_fold(segments) == segments[:folded]
+
+
+def test_hash_bucket_folds_rewrite_a_key_a_logarithmic_number_of_times() -> None:
+    """A simulated day of one-minute windows: each adds a segment of a few keys to a bucket
+    that is compacted every 8 windows while it has more than 8 segments."""
+    rng = np.random.default_rng(1)
+    counts: list[int] = []
+    rewritten = 0
+    for window in range(1440):
+        counts.append(int(rng.poisson(7)) + 1)
+        if window % 8 == 7 and len(counts) > compaction_module.COMPACT_ABOVE_SEGMENTS:
+            fold = [s.count for s in compaction_module.tiered_fold(segments_of(*sorted(counts)))]
+            rewritten += sum(fold)
+            counts = [*sorted(counts)[len(fold) :], sum(fold)]
+        assert len(counts) <= 20
+    assert rewritten / sum(counts) < 5  # folding all but the 4 largest: 18
+
+
 def test_compaction_keeps_each_system_time_keys_window_time(tmp_path: Path) -> None:
     raw = {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 hour", "numBuckets": "1"}
     stored, held = stamps_after_compaction(tmp_path, **raw)
     assert held == stored
+
+
+OWN_TIME = {"keys": "id", "expiryKey": "n", "expiryPeriod": "30", "assumeSameExpiry": "false"}
+
+
+def forget_cached_buckets() -> None:
+    """What a restart does to the executors' bucket caches: nothing survives it."""
+    with cache_module._managers_lock:
+        cache_module._managers.clear()
+
+
+def id_n_rows(output: Path) -> dict[str, Counter[tuple[int | None, int | None]]]:
+    """Each port's rows as (id, n) pairs, as a reader of the published files sees them."""
+    found: dict[str, Counter[tuple[int | None, int | None]]] = {}
+    for port in PORTS:
+        table = ds.dataset(str(output / port), format="parquet").to_table()
+        pairs = zip(table.column("id").to_pylist(), table.column("n").to_pylist(), strict=True)
+        found[port] = Counter(pairs)
+    return found
+
+
+def remembered_stamps(store: BucketStore, settings: Settings) -> dict[tuple[int, int], float]:
+    """Every fingerprint the store remembers above its expiry point, with its stamp."""
+    manifest = store.read()
+    assert manifest is not None and manifest.latest is not None
+    keys = KeySet.empty(stamp_dtype(settings))
+    for bucket in all_keys(store, manifest, settings).values():
+        keys = keys.merge(bucket)
+    assert keys.stamps is not None and settings.period is not None
+    alive = keys.alive(manifest.latest - settings.period)
+    assert alive.stamps is not None
+    return dict(
+        zip(
+            zip(alive.h1.tolist(), alive.h2.tolist(), strict=True),
+            alive.stamps.tolist(),
+            strict=True,
+        )
+    )
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_later_resends_over_partitions_compaction_and_a_restart_match_the_reference(
+    tmp_path: Path, seed: int
+) -> None:
+    """assumeSameExpiry=false through the sink's task and commit code: three partitions a
+    window, hash buckets compacted and expired window files dropped as in the other hash modes,
+    and the caches lost half-way. Every row's port and every remembered key's value (its unique
+    row's) agree with the reference."""
+    output = tmp_path / "out"
+    plan = make_plan(str(output), **OWN_TIME, numBuckets="4")
+    assert not plan.settings.buckets_by_time
+    reference = ReferenceDedup("ordered", 30)
+    expected: dict[str, Counter[tuple[int | None, int | None]]] = {p: Counter() for p in PORTS}
+    rng = random.Random(seed)
+    compactions = dropped = 0
+    for batch_id, window in enumerate(later_resends(seed, 40)):
+        if batch_id == 20:
+            forget_cached_buckets()
+        parts: list[list[tuple[int | None, int | None]]] = [[], [], []]
+        for row in window:
+            parts[rng.randrange(3)].append(row)
+        summaries = run_tasks(
+            plan, batch_id, [[rows([k for k, _ in part], [n for _, n in part])] for part in parts]
+        )
+        compactions += sum(bool(s.written and s.written.supersedes) for s in summaries)
+        assert commit_window(plan, summaries, batch_id) is not None
+        last = plan.store.read()
+        assert last is not None and last.last_window is not None
+        dropped += last.last_window.dropped_keys
+        dicts = [{"id": k, "n": n} for k, n in window]
+        ports = reference.window(dicts, lambda r: r["id"], lambda r: r["n"])
+        for row, port in zip(window, ports, strict=True):
+            expected[port][row] += 1
+    assert id_n_rows(output) == expected
+    assert compactions and dropped, "no compaction or no expired file: the test proves little"
+    point = reference.latest - 30  # type: ignore[operator]
+    alive = {k: v for k, v in reference.remembered.items() if v is not None and v > point}
+    fps = fingerprint([pa.array(list(alive), pa.int64())])
+    wanted = dict(
+        zip(zip(fps.h1.tolist(), fps.h2.tolist(), strict=True), alive.values(), strict=True)
+    )
+    assert remembered_stamps(plan.store, plan.settings) == wanted
+    manifest = plan.store.read()
+    assert manifest is not None
+    assert max(len(segments) for segments in manifest.buckets.values()) <= 16
+
+
+def test_first_copies_in_two_partitions_are_remembered_until_the_later_value(
+    tmp_path: Path,
+) -> None:
+    """The limit the README names: each task stores the key with its own row's value before the
+    window settles which row is unique, so the key lasts until the later value expires. The
+    error is towards a duplicate, never a false unique."""
+    output = tmp_path / "out"
+    plan = make_plan(str(output), **{**OWN_TIME, "expiryPeriod": "10"})
+    run_window(plan, 0, [rows([1], [0])], [rows([1], [5])])
+    run_window(plan, 1, [rows([9], [12])])
+    # E = 2: the unique row's value 0 is at or below it, the other copy's 5 is not.
+    assert run_window(plan, 2, [rows([1], [13])]).counts["duplicate"] == 1
+    assert id_n_rows(output)["unique"] == Counter({(1, 0): 1, (9, 12): 1})
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        (OWN_TIME, " | assumeSameExpiry=false"),
+        (ORDERED, " | assumeSameExpiry=true"),
+        ({"keys": "id"}, ""),
+        ({"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 h"}, ""),
+    ],
+    ids=["false", "true", "basic", "systemTime"],
+)
+def test_the_log_line_of_a_window_shows_assume_same_expiry_where_it_applies(
+    root: str, raw: dict[str, str], shown: str
+) -> None:
+    line = run_window(make_plan(root, **raw), 0, [rows([1, 2], [1, 2])]).line()
+    assert re.fullmatch(r"dedup window 1 .* \| cache hits (\d+%|n/a)" + re.escape(shown), line)
 
 
 def test_rerun_of_a_committed_batch_changes_nothing(root: str) -> None:

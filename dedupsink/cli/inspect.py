@@ -16,13 +16,14 @@ from dedupsink.cli.config import resolve_path
 from dedupsink.cli.display import human_bytes, human_span, point_text, table, utc_text
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
-from dedupsink.options import STORE_DIRNAME_DEFAULT, join_url
+from dedupsink.engine.settings import TIME_BUCKET_MODES
+from dedupsink.options import ASSUME_SAME_EXPIRY, STORE_DIRNAME_DEFAULT, bool_text, join_url
 from dedupsink.sink.output import Output
 from dedupsink.sink.sparklog import PortLog
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner
-from dedupsink.store.store import LOG_DIR, BucketStore, find_store
+from dedupsink.store.store import LOG_DIR, BucketStore, find_store, recorded_settings
 
 __all__ = ["Location", "locate", "render", "report", "to_json"]
 
@@ -81,7 +82,7 @@ def report(location: Location) -> dict[str, Any]:
 
 
 def _store_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
-    settings = manifest.settings
+    settings = recorded_settings(manifest.settings)
     latest = manifest.latest
     period = settings.get("period")
     expiry = None if latest is None or period is None else latest - period
@@ -193,7 +194,12 @@ def settings_text(settings: dict[str, Any]) -> str:
     text += f", expiryPeriod {human_span(settings.get('period'), settings)}"
     if settings.get("span") is not None:
         text += f", bucketSpan {human_span(settings['span'], settings)}"
-    return text + f", {settings.get('bucket_count')} buckets"
+    if mode not in TIME_BUCKET_MODES:
+        return text + f", {settings.get('bucket_count')} buckets"
+    same = recorded_settings(settings)["assume_same_expiry"]
+    kind = "" if same else "hash "  # with false, keys are bucketed as in Basic Dedup
+    text += f", {settings.get('bucket_count')} {kind}buckets"
+    return text + f", {ASSUME_SAME_EXPIRY} {bool_text(same)}"
 
 
 def _last_window_text(last: dict[str, Any] | None) -> str:

@@ -109,6 +109,26 @@ class KeySet:
             return KeySet._settle_repeats(h1, h2, stamps, repeated)
         return KeySet(h1, h2, stamps)
 
+    def held_in(self, other: KeySet) -> np.ndarray:
+        """For each key here: does ``other`` hold it with at least its stamp?
+
+        Keys whose ``h1`` other holds more than once (a 64-bit collision) may be answered
+        False: a merge settles those as usual."""
+        if len(self) == 0 or len(other) == 0:
+            return np.zeros(len(self), dtype=bool)
+        at = np.minimum(np.searchsorted(other.h1, self.h1, side="left"), len(other) - 1)
+        held = (other.h1[at] == self.h1) & (other.h2[at] == self.h2)
+        if self.stamps is not None and other.stamps is not None:
+            held &= other.stamps[at] >= self.stamps
+        return held
+
+    def without(self, drop: np.ndarray) -> KeySet:
+        """The keys not marked in ``drop`` (still sorted and distinct)."""
+        keep = ~drop
+        return KeySet(
+            self.h1[keep], self.h2[keep], None if self.stamps is None else self.stamps[keep]
+        )
+
     def alive(self, forget_at_or_below: float | None) -> KeySet:
         """The keys still remembered once those stamped at or below the expiry point are gone."""
         if forget_at_or_below is None or self.stamps is None or len(self) == 0:

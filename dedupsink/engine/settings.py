@@ -16,6 +16,8 @@ import pyarrow as pa
 
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import (
+    ASSUME_SAME_EXPIRY,
+    ASSUME_SAME_EXPIRY_DEFAULT,
     BUCKET_SPAN,
     BUCKETS_PER_PERIOD_DEFAULT,
     EXPIRY_KEY,
@@ -25,6 +27,8 @@ from dedupsink.options import (
     MAX_EXPIRY_JUMP,
     DedupOptions,
     Span,
+    bool_text,
+    misplaced_assume_same_expiry,
 )
 
 Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical"]
@@ -48,6 +52,8 @@ class Settings:
     span: float | None
     bucket_count: int
     max_expiry_jump: float | None = None
+    # Only tupleTime and ordered can assume it; in the other modes it stays at its default.
+    assume_same_expiry: bool = ASSUME_SAME_EXPIRY_DEFAULT
 
     @property
     def has_expiry(self) -> bool:
@@ -55,8 +61,9 @@ class Settings:
 
     @property
     def buckets_by_time(self) -> bool:
-        """tupleTime/ordered bucket by expiry value; the others by key hash (SPEC 4)."""
-        return self.mode in TIME_BUCKET_MODES
+        """tupleTime/ordered bucket by expiry value under Assumption 1 (copies carry their
+        original's value, so they meet it in its bucket); the others by key hash (SPEC 4)."""
+        return self.mode in TIME_BUCKET_MODES and self.assume_same_expiry
 
     @property
     def stores_stamps(self) -> bool:
@@ -225,16 +232,20 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         if options.max_expiry_jump
         else None
     )
+    same_expiry = _assume_same_expiry(options, mode)
     span: float | None = None
     bucket_count = options.num_buckets
-    if mode in TIME_BUCKET_MODES:
+    if mode in TIME_BUCKET_MODES and same_expiry:
         span = _time_bucket_span(options, mode, period, stamp_kind)
         bucket_count = max(1, math.ceil(period / span))
     elif options.bucket_span is not None:
+        setting = f"expiryMode={mode}"
+        if mode in TIME_BUCKET_MODES:
+            setting += f" and {ASSUME_SAME_EXPIRY}={bool_text(same_expiry)}"
         raise DedupOptionError(
             BUCKET_SPAN,
             options.bucket_span.text,
-            f"no value with expiryMode={mode} (it buckets by key hash; see numBuckets)",
+            f"no value with {setting} (it buckets by key hash; see numBuckets)",
         )
     return Settings(
         mode,
@@ -247,7 +258,19 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         span,
         bucket_count,
         jump,
+        same_expiry,
     )
+
+
+def _assume_same_expiry(options: DedupOptions, mode: Mode) -> bool:
+    """The setting for an expiry mode: given or default in tupleTime and ordered, refused in
+    categorical (the parser already refused it in Basic Dedup and systemTime)."""
+    given = options.assume_same_expiry
+    if given is None:
+        return ASSUME_SAME_EXPIRY_DEFAULT
+    if mode not in TIME_BUCKET_MODES:
+        raise misplaced_assume_same_expiry(given, f"expiryMode={mode}")
+    return given
 
 
 def _time_bucket_span(options: DedupOptions, mode: Mode, period: float, kind: StampKind) -> float:

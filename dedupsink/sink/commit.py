@@ -21,7 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dedupsink.engine.classify import PORTS
+from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import StoreConflictError
+from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.sink.nextversion import WindowUpdate, next_version
 from dedupsink.sink.output import Output, PortFile
 from dedupsink.sink.parquet import port_schema
@@ -55,14 +57,17 @@ class CommitReport:
     store_bytes: int = 0
     remembered: int = 0
     cache_hit_rate: float | None = None
-    settings: str = ""
+    assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
 
     def line(self) -> str:
         hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
+        setting = ""
+        if self.assume_same_expiry is not None:
+            setting = f" | {ASSUME_SAME_EXPIRY}={bool_text(self.assume_same_expiry)}"
         return (
             f"dedup window {self.window} (batch {self.batch_id}): {self.counts.text()} | store "
             f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
-            f" | cache hits {hit}{self.settings}"
+            f" | cache hits {hit}{setting}"
         )
 
 
@@ -102,7 +107,7 @@ def commit_window(
         done[0].folder, staged_files(holders, moves) + [f.path for f in schema_files]
     )
     _collect_garbage(store, output, nxt)
-    report = _report(nxt, done, writer, batch_id, store)
+    report = _report(plan, nxt, done, writer, batch_id)
     log.info(report.line())
     return report
 
@@ -216,11 +221,12 @@ def _collect_garbage(store: BucketStore, output: Output, manifest: Manifest) -> 
 
 
 def _report(
-    nxt: Manifest, done: list[TaskSummary], writer: Writer, batch_id: int, store: BucketStore
+    plan: SinkPlan, nxt: Manifest, done: list[TaskSummary], writer: Writer, batch_id: int
 ) -> CommitReport:
     hits = sum(s.cache.hits for s in done if s.cache)
     misses = sum(s.cache.misses for s in done if s.cache)
     last = nxt.last_window
+    settings = plan.settings
     return CommitReport(
         window=nxt.version,
         batch_id=batch_id,
@@ -231,4 +237,7 @@ def _report(
         store_bytes=sum(wf.nbytes for wf in nxt.files.values()),
         remembered=nxt.remembered_keys,
         cache_hit_rate=hits / (hits + misses) if hits + misses else None,
+        assume_same_expiry=(
+            settings.assume_same_expiry if settings.mode in TIME_BUCKET_MODES else None
+        ),
     )

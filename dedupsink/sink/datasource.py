@@ -158,9 +158,11 @@ class DedupDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from dedupsink.sink.plan import plan_for
+        from dedupsink.sink.plan import Checks, plan_for
 
         _exempt_long_lived_objects_from_gc()
         arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        check = not _planning_a_commit()
+        # Spark plans every micro-batch, and again for its commit: the checks are made once a
+        # process, and not for a commit (which checks what it relies on itself).
+        check: Checks = "never" if _planning_a_commit() else "once"
         return DedupStreamWriter(plan_for(dict(self.options), arrow_schema, new_run(), check))

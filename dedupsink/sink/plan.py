@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import pyarrow as pa
 
@@ -68,22 +69,28 @@ class TaskIdentity:
         return f"{self.query_id}-{self.batch_id}"
 
 
-def plan_for(raw: Mapping[str, str], schema: pa.Schema, run: str, check: bool = True) -> SinkPlan:
+Checks = Literal["always", "once", "never"]
+
+
+def plan_for(
+    raw: Mapping[str, str], schema: pa.Schema, run: str, check: Checks = "always"
+) -> SinkPlan:
     """A write's plan from Spark's string options and the input's Arrow schema: options parsed,
-    resolved against the schema, and (``check``) the store and the ports reached and checked.
-    Raises before anything is written."""
+    resolved against the schema, and the store and the ports reached and checked (``always``,
+    ``once`` a process for a configuration, or ``never``). Raises before anything is
+    written."""
     parsed = DedupOptions.parse(raw)
     options = replace(
         parsed, path=absolute_url(parsed.path), store_path=absolute_url(parsed.store_path)
     )
     plan = SinkPlan(options, resolve(options, schema), schema, run)
-    if check:
+    if check != "never":
         with options.masking():
-            check_store(plan)
+            check_store(plan, once=check == "once")
     return plan
 
 
-def check_store(plan: SinkPlan) -> None:
+def check_store(plan: SinkPlan, once: bool = False) -> None:
     """The store and the ports can be reached, and the store fits the options."""
     options = plan.options
     key = (
@@ -92,7 +99,7 @@ def check_store(plan: SinkPlan) -> None:
         repr(sorted(plan.settings.identity().items())),
         repr(sorted(options.storage_options.items())),
     )
-    if key in _checked:
+    if once and key in _checked:
         return
     store, output = plan.store, plan.output
     store.storage.check_reachable(STORE_PATH)

@@ -26,6 +26,8 @@ from typing import Any
 from dedupsink.engine.settings import Settings
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreError, StoreSettingsError
 from dedupsink.options import (
+    ASSUME_SAME_EXPIRY,
+    ASSUME_SAME_EXPIRY_DEFAULT,
     BUCKET_SPAN,
     EXPIRY_KEY,
     EXPIRY_MODE,
@@ -33,6 +35,7 @@ from dedupsink.options import (
     KEYS,
     NUM_BUCKETS,
     STORE_PATH,
+    bool_text,
 )
 from dedupsink.options import (
     STORE_DIRNAME_DEFAULT as STORE_DIRNAME,
@@ -60,9 +63,14 @@ _SETTING_OPTIONS = {
     "expiry_type": EXPIRY_KEY,
     "stamp_kind": EXPIRY_KEY,
     "period": EXPIRY_PERIOD,
+    # Before the span and bucket count, which follow from it: a changed setting is named.
+    "assume_same_expiry": ASSUME_SAME_EXPIRY,
     "span": BUCKET_SPAN,
     "bucket_count": NUM_BUCKETS,
 }
+# Settings recorded since a later release: a store written before has no such field, and
+# behaves as the default did then.
+_SETTING_DEFAULTS: dict[str, Any] = {"assume_same_expiry": ASSUME_SAME_EXPIRY_DEFAULT}
 _fetch_pool: ThreadPoolExecutor | None = None
 
 
@@ -401,10 +409,24 @@ def window_file_name(window: int, partition: int) -> str:
     return f"w{window:010d}-p{partition:05d}-{uuid.uuid4().hex[:12]}.keys"
 
 
+def recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A store's recorded settings, with the defaults of fields added since it was created."""
+    return {**_SETTING_DEFAULTS, **recorded}
+
+
 def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -> None:
     """Refuse options that contradict the settings the store was created with."""
+    recorded = recorded_settings(recorded)
     for name, option in _SETTING_OPTIONS.items():
         if recorded.get(name) != wanted.get(name):
+            if name == "assume_same_expiry":
+                value = bool_text(bool(recorded.get(name)))
+                raise StoreSettingsError(
+                    option,
+                    bool_text(bool(wanted.get(name))),
+                    f"{value}, the value the store at {url} was created with (the store keeps "
+                    "its keys by time bucket with true and by key hash with false)",
+                )
             raise StoreSettingsError(
                 option, wanted.get(name), _changed(name, recorded, wanted, url)
             )
