@@ -20,6 +20,7 @@ Usage: ``python bench/s3_requests.py [--windows 30] [--rows 20000] [--warmup 5]`
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -109,7 +110,7 @@ def per_window(server: S3Server, url: str) -> list[dict[str, Any]]:
     manifests = [m for m in (store.read(v) for v in store.versions()) if m is not None]
     requests = server.requests()
     out = []
-    for previous, manifest in zip(manifests, manifests[1:], strict=False):
+    for previous, manifest in itertools.pairwise(manifests):
         low, high = previous.committed_ms / 1000, manifest.committed_ms / 1000
         kinds = {kind: 0 for kind in KINDS}
         for request in requests:

@@ -205,7 +205,9 @@ def every_step_points(steps: list[dict[str, Any]], root: Path, batches: int) -> 
 def test_driver_killed_at_every_step_of_the_commit_restarts_exactly_once(
     tmp_path: Path, spark: Any
 ) -> None:
-    batches = 42  # versions past 32 (old manifests deleted, orphan sweeps), four log compactions
+    # Four garbage collections (versions 16 to 64: old manifests, dropped and orphaned window
+    # files, stale staging), six log compactions.
+    batches = 66
     rehearsal = Job(tmp_path / "rehearsal", batches, engine="direct")
     rehearsal.control.set_points([], record=True)
     assert rehearsal.run().returncode == 0

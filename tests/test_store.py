@@ -17,6 +17,8 @@ import errno
 import random
 import re
 import shutil
+import threading
+import time
 import uuid
 import zlib
 from collections import Counter
@@ -782,19 +784,19 @@ def test_later_resends_over_partitions_compaction_and_a_restart_match_the_refere
     assert max(len(segments) for segments in manifest.buckets.values()) <= 16
 
 
-def test_first_copies_in_two_partitions_are_remembered_until_the_later_value(
+def test_first_copies_in_two_partitions_are_remembered_with_the_unique_rows_value(
     tmp_path: Path,
 ) -> None:
-    """The limit the README names: each task stores the key with its own row's value before the
-    window settles which row is unique, so the key lasts until the later value expires. The
-    error is towards a duplicate, never a false unique."""
+    """The lower partition keeps the key; the partition that yields stores it with the keeper's
+    value, not its own row's, so the key is forgotten when the unique row's value expires."""
     output = tmp_path / "out"
     plan = make_plan(str(output), **{**OWN_TIME, "expiryPeriod": "10"})
-    run_window(plan, 0, [rows([1], [0])], [rows([1], [5])])
+    first = run_window(plan, 0, [rows([1], [0])], [rows([1], [5])])
+    assert (first.counts.unique, first.counts.duplicate) == (1, 1)
     run_window(plan, 1, [rows([9], [12])])
-    # E = 2: the unique row's value 0 is at or below it, the other copy's 5 is not.
-    assert run_window(plan, 2, [rows([1], [13])]).counts["duplicate"] == 1
-    assert id_n_rows(output)["unique"] == Counter({(1, 0): 1, (9, 12): 1})
+    # E = 2: the unique row's value 0 is at or below it (the other copy's 5 is not).
+    assert run_window(plan, 2, [rows([1], [13])]).counts.unique == 1
+    assert id_n_rows(output)["unique"] == Counter({(1, 0): 1, (9, 12): 1, (1, 13): 1})
 
 
 @pytest.mark.parametrize(
@@ -859,12 +861,13 @@ def staged_files(summary: TaskSummary) -> list[tuple[str, str, int]]:
     return sorted((f.port, f.path, f.rows) for f in summary.files)
 
 
-def test_the_later_task_yields_the_keys_an_earlier_one_staged(tmp_path: Path) -> None:
+def test_the_higher_partition_yields_the_keys_a_lower_one_staged(tmp_path: Path) -> None:
     plan = make_plan(str(tmp_path / "out"))
     first = attempt(plan, 0, 0, rows([1, 2, 3, 4], [1, 1, 1, 1]))
     later = attempt(plan, 1, 0, rows([9, 3, 8, 1, 3], [1, 1, 1, 1, 1]))
     # keys 1 and 3; the second 3 is a duplicate
     assert (first.settlement.yielded, later.settlement.yielded) == (0, 2)
+    assert later.settlement.complete and later.settlement.saw == {(0, 0)}
     assert later.counts == counts(unique=2, duplicate=3)
     before = staged_files(later)
     report = commit_window(plan, [first, later], 0)
@@ -880,13 +883,46 @@ def test_the_later_task_yields_the_keys_an_earlier_one_staged(tmp_path: Path) ->
     }
 
 
-def test_keys_both_tasks_yielded_get_one_unique_row_back(tmp_path: Path) -> None:
-    """A retried task sees the keys of a task that yielded to its failed first attempt."""
+def test_a_task_waits_for_a_lower_partition_still_running(tmp_path: Path) -> None:
+    plan = make_plan(str(tmp_path / "out"))
+    waiting: dict[str, TaskSummary] = {}
+    higher = threading.Thread(
+        target=lambda: waiting.update(task=attempt(plan, 1, 0, rows([5, 6], [1, 1])))
+    )
+    higher.start()
+    time.sleep(0.3)  # partition 1 has staged its keys and is waiting for partition 0's
+    assert higher.is_alive()
+    lower = attempt(plan, 0, 0, rows([6, 7], [1, 1]))
+    higher.join(30)
+    later = waiting["task"]
+    assert later.settlement.complete and later.settlement.yielded == 1
+    report = commit_window(plan, [lower, later], 0)
+    assert report is not None and report.counts == counts(unique=3, duplicate=1)
+    assert port_rows(tmp_path / "out")["unique"] == [5, 6, 7]
+
+
+def test_a_wait_that_runs_out_leaves_the_settlement_to_the_commit(tmp_path: Path) -> None:
+    plan = make_plan(str(tmp_path / "out"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settle_module, "SETTLE_WAIT_SECONDS", 0.1)
+        later = attempt(plan, 1, 0, rows([5, 6], [1, 1]))  # partition 0 never came
+    assert not later.settlement.complete and later.settlement.yielded == 0
+    lower = attempt(plan, 0, 0, rows([6, 7], [1, 1]))
+    report = commit_window(plan, [lower, later], 0)
+    assert report is not None and report.cross_partition_duplicates == 1
+    assert port_rows(tmp_path / "out")["unique"] == [5, 6, 7]
+    assert port_rows(tmp_path / "out")["duplicate"] == [6]
+
+
+def test_a_task_that_yielded_to_a_failed_attempt_is_checked_against_its_retry(
+    tmp_path: Path,
+) -> None:
     plan = make_plan(str(tmp_path / "out"))
     attempt(plan, 0, 0, rows([1, 2, 3], [1, 1, 1]))  # fails after staging its keys
     other = attempt(plan, 1, 0, rows([3, 1, 7], [1, 1, 1]))
     retry = attempt(plan, 0, 1, rows([1, 2, 3], [1, 1, 1]))
-    assert (retry.settlement.yielded, other.settlement.yielded) == (2, 2)
+    assert (retry.settlement.yielded, other.settlement.yielded) == (0, 2)
+    assert other.settlement.saw == {(0, 0)}
     report = commit_window(plan, [retry, other], 0)
     assert report is not None
     assert report.cross_partition_duplicates == 2
@@ -909,19 +945,27 @@ def test_a_key_yielded_to_a_failed_attempt_that_the_retry_lacks_is_promoted_back
     assert report.cross_partition_duplicates == 0
     assert report.counts == counts(unique=4)
     assert port_rows(tmp_path / "out")["unique"] == [1, 2, 5, 6]
+    again = run_window(plan, 1, [rows([5], [1])])  # the promoted key is remembered
+    assert again.counts == counts(duplicate=1)
 
 
-def test_a_task_settles_only_its_last_chunk_and_the_commit_the_rest(tmp_path: Path) -> None:
+def test_a_task_settles_every_chunk_rewriting_its_own_earlier_unique_rows(
+    tmp_path: Path,
+) -> None:
+    """A large window's earlier chunks are written before the task can settle: the task reads
+    its staged unique file back and moves the yielded rows itself; the commit reads no row."""
     plan = make_plan(str(tmp_path / "out"))
     first = attempt(plan, 0, 0, rows(list(range(10)), [1] * 10))
     chunks = [rows([0, 1, 20], [1, 1, 1]), rows([2, 21], [1, 1])]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(task_module, "COALESCE_ROWS", 3)  # two chunks: only the last one is held
         later = run_task(plan, TaskIdentity(QUERY, RUN, 0, 1, 0), iter(chunks))
-    # key 2; keys 0 and 1 were written before the task could settle
-    assert later.settlement.yielded == 1
+    assert later.settlement.yielded == 3 and later.settlement.complete
+    assert len(later.settlement.superseded) == 2  # the first unique file and keys file
+    before = staged_files(later)
     report = commit_window(plan, [first, later], 0)
     assert report is not None
+    assert staged_files(later) == before
     assert report.cross_partition_duplicates == 3
     ports = port_rows(tmp_path / "out")
     assert ports["unique"] == [*range(10), 20, 21]

@@ -72,7 +72,7 @@ class Fingerprints:
         words = np.empty((len(self.h1), 2), dtype=_STAGED_WORD)
         words[:, 0] = self.h1
         words[:, 1] = self.h2
-        return words.data.cast("B")
+        return memoryview(words.tobytes()) if not len(words) else words.data.cast("B")
 
     @staticmethod
     def from_packed(data: bytes) -> Fingerprints:

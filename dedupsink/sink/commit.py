@@ -20,7 +20,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dedupsink.engine.classify import PORTS
+from dedupsink.engine.classify import PORTS, stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import StoreConflictError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
@@ -87,7 +87,7 @@ def commit_window(
     claim(store, base, writer)
     holders = [_holder(s) for s in done]
     try:
-        moves = settle_window(output, holders)
+        moves = settle_window(output, holders, stamp_dtype(plan.settings))
         _apply_moves(done, holders, moves)
         schema_files = _schema_files(plan, output, base, done)
         crossed = _cross_partition(done, moves)
@@ -103,9 +103,9 @@ def commit_window(
         finish_publication(store, output, latest)
         return _discard_rerun(store, output, done, latest, writer, batch_id)
     publish(store, output, nxt)
-    output.discard_staging(
-        done[0].folder, staged_files(holders, moves) + [f.path for f in schema_files]
-    )
+    if nxt.version % GARBAGE_EVERY:  # else the garbage collection sweeps it with the rest
+        staged = staged_files(holders, moves) + [f.path for f in schema_files]
+        output.discard_staging(done[0].folder, staged)
     _collect_garbage(store, output, nxt)
     report = _report(plan, nxt, done, writer, batch_id)
     log.info(report.line())
@@ -216,7 +216,6 @@ def _collect_garbage(store: BucketStore, output: Output, manifest: Manifest) -> 
     if manifest.version % GARBAGE_EVERY:
         return
     store.collect_garbage(manifest)
-    store.remove_orphans(manifest)
     output.remove_stale_staging(manifest.version)
 
 

@@ -109,7 +109,11 @@ class Output:
         """Remove the staging folders of windows up to ``version``: committed and published, or
         classified against a version that is no longer the latest, so never committable (a
         version is created once). Later windows' folders may belong to running tasks."""
-        for name in self.storage.folders(self.path(STAGING_DIR)):
+        root = self.path(STAGING_DIR)
+        files = self.storage.find(root)
+        stale = [f for f in files if staging_window(f[len(root) + 1 :]) <= version]
+        self.storage.delete(stale)
+        for name in self.storage.folders(root):  # what folders are left where folders exist
             if staging_window(name) <= version:
                 self.storage.delete_folder(self.path(f"{STAGING_DIR}/{name}"))
 
@@ -161,6 +165,16 @@ class PortWriters:
         _, writer, record = self._open[port]
         writer.write_batch(batch)
         record.rows += batch.num_rows
+
+    def take(self, port: str) -> PortFile | None:
+        """Close ``port``'s file and hand it over (a later write opens a new one)."""
+        if port not in self._open:
+            return None
+        handle, writer, record = self._open.pop(port)
+        writer.close()
+        record.size = int(handle.tell())
+        handle.close()
+        return record
 
     def close(self) -> list[PortFile]:
         files = []

@@ -1,46 +1,97 @@
 """Keys new in several partitions of one window: exactly one of their rows is unique.
 
-Each task classifies its own rows, so two tasks can both find a key new. They settle it in two
-steps, written here together:
+Each task classifies its own rows, so two tasks of one window can both find a key new. The
+rule is **the lowest partition keeps the key**, and the tasks apply it themselves:
 
-1. **In the task** (``settle_in_task``). A task holds back the unique rows of its last chunk
-   (all of them in a micro-batch of usual size), *stages* its new keys in the window's staging
-   folder (``<stem>-n<count>.keys``: 16 bytes a key, the i-th key the i-th unique row's, then
-   those of rows it yielded), then reads the keys other partitions' tasks have staged so far
-   and *yields* the held rows whose key is there: they go to ``duplicate`` (the last rows of
-   its duplicate file) instead of ``unique``. Of two tasks sharing a key, the one that stages
-   later sees the other and yields.
-2. **In the commit** (``settle_window``). A task reports which partitions' keys it saw. When,
-   for every two tasks with new keys, exactly one saw the other and the one that saw held all
-   its unique rows, "saw" orders the tasks in time (a task stages before it reads), so of the
-   tasks sharing a key the earliest keeps it and every other yields it: nothing is left to do
-   and nothing is read. Otherwise (two tasks finished at the same moment and saw each other,
-   a copy was in an earlier chunk, more than ``SETTLE_WITH_AT_MOST`` tasks) the commit reads
-   every task's staged keys, laid end to end (the kept parts in partition order, then the
-   yielded parts), in one hash pass: a kept key that occurs earlier is demoted to duplicate, a
-   yielded key that does not occur earlier (nobody kept it) is promoted back to unique.
-   Moving a row means rewriting that task's staged file, found by position without hashing
-   any row: the one case in which the driver reads rows. Partitioning the input by key
-   (``df.repartition(n, *keys)``) makes it never happen.
+1. **In the task** (``settle_in_task``). Once it has classified its rows, a task *stages* its
+   new keys in the window's staging folder (``<stem>-n<count>.keys``: each key's 16-byte
+   fingerprint and, in the expiry modes, its expiry value; the i-th key is the i-th unique
+   row's), then waits for the keys of every lower partition of the window (they run at the
+   same time or earlier) and *yields* its unique rows whose key one of them has: they go to
+   ``duplicate``. The unique rows of its last chunk are still in memory; those of earlier
+   chunks (a large window) are in its staged unique file, which it rewrites itself, so no row
+   is read on the driver. The keys of yielded rows stay in its window file, with the keeper's
+   expiry value: a key is remembered with its unique row's value.
+2. **In the commit** (``settle_window``). Each task reports which attempt of which lower
+   partition it settled with. When every task settled with the final attempts of all lower
+   partitions, nothing is left to do and nothing is read. Otherwise (a lower partition's
+   attempt failed after its keys were read, a wait timed out, a task of a partition above
+   ``SETTLE_WITH_AT_MOST`` left the reading to the commit), the commit reads every task's staged
+   keys, laid end to end (the kept parts in partition order, then the yielded parts), in one
+   hash pass: a kept key that occurs earlier is demoted to duplicate, a yielded key that does
+   not occur earlier (nobody kept it) is promoted back to unique. Moving a row means rewriting
+   that task's staged file: the one case in which the driver reads rows. Partitioning the input
+   by key (``df.repartition(n, *keys)``) gives the commit nothing to move.
 """
 
 from __future__ import annotations
 
-import itertools
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dedupsink.engine.fingerprint import Fingerprints, first_occurrences
 from dedupsink.errors import StoreCorruptError, StoreError
 from dedupsink.sink.output import Output, PortFile, PortWriters, staged_stem
 
 KEYS_SUFFIX = ".keys"
-# A task settles with the staged keys of at most this many other tasks of its window; with
-# more, reading them all costs more than the commit's settlement would, and the commit does it.
+# A task settles with the keys of at most this many lower partitions; above that, reading them
+# all (a request each on an object store) costs more than the commit's check.
 SETTLE_WITH_AT_MOST = 8
+# How long a task waits for the keys of lower partitions: at least this, or as long as it has
+# run itself (a lower partition running late is about as far from done).
+SETTLE_WAIT_SECONDS = 5.0
+_POLL_FIRST_SECONDS = 0.02
+_POLL_MAX_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class StagedKeys:
+    """A task's new keys as staged: fingerprints and (expiry modes) expiry values."""
+
+    fingerprints: Fingerprints
+    stamps: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.fingerprints)
+
+    def take(self, rows: np.ndarray) -> StagedKeys:
+        return StagedKeys(
+            self.fingerprints.take(rows), None if self.stamps is None else self.stamps[rows]
+        )
+
+    def to_bytes(self) -> bytes:
+        packed = bytes(self.fingerprints.packed())
+        if self.stamps is None:
+            return packed
+        return packed + self.stamps.astype(self.stamps.dtype.newbyteorder("<")).tobytes()
+
+    @staticmethod
+    def from_bytes(data: bytes, count: int, stamp_dtype: np.dtype | None, path: str) -> StagedKeys:
+        width = 16 + (0 if stamp_dtype is None else 8)
+        if len(data) != width * count:
+            raise StoreCorruptError(path, f"holds {len(data)} bytes for {count} keys of {width}")
+        fingerprints = Fingerprints.from_packed(data[: 16 * count])
+        stamps = None
+        if stamp_dtype is not None:
+            little = np.dtype(stamp_dtype).newbyteorder("<")
+            stamps = np.frombuffer(data, little, count, 16 * count).astype(stamp_dtype)
+        return StagedKeys(fingerprints, stamps)
+
+    @staticmethod
+    def concat(parts: list[StagedKeys], stamp_dtype: np.dtype | None) -> StagedKeys:
+        empty = np.empty(0, np.uint64)
+        fingerprints = Fingerprints.concat(
+            [Fingerprints(empty, empty)] + [p.fingerprints for p in parts]
+        )
+        if stamp_dtype is None:
+            return StagedKeys(fingerprints, None)
+        stamps = [np.empty(0, stamp_dtype)] + [p.stamps for p in parts if p.stamps is not None]
+        return StagedKeys(fingerprints, np.concatenate(stamps))
 
 
 @dataclass
@@ -48,9 +99,9 @@ class Settlement:
     """What a task's settlement did, for its summary."""
 
     keys_file: str | None = None  # staged keys: of the unique rows, then of the yielded ones
-    yielded: int = 0  # unique rows given up to another partition: the duplicate file's last rows
+    yielded: int = 0  # unique rows given up to a lower partition: the duplicate file's last rows
     saw: frozenset[tuple[int, int]] = frozenset()  # (partition, attempt) of the keys it read
-    held_all: bool = False  # every unique row was written after the keys were read
+    complete: bool = False  # it read the keys of every lower partition
     superseded: list[str] = field(default_factory=list)  # staged files it replaced
 
 
@@ -69,59 +120,77 @@ class Holder:
 # -- staged keys -------------------------------------------------------------------------------
 
 
-def stage_keys(
-    output: Output, folder: str, partition: int, attempt: int, keys: Fingerprints
-) -> str:
+def stage_keys(output: Output, folder: str, partition: int, attempt: int, keys: StagedKeys) -> str:
     """Stage a task's new keys; the name carries the count, so that another task reading the
     file while it is being written (a local disk) can tell it is not complete yet."""
     relative = f"{folder}/{staged_stem(partition, attempt)}-n{len(keys)}{KEYS_SUFFIX}"
-    output.storage.write(output.path(relative), bytes(keys.packed()))
+    output.storage.write(output.path(relative), keys.to_bytes())
     return relative
 
 
-def read_keys(output: Output, relative: str, count: int) -> Fingerprints:
+def read_keys(
+    output: Output, relative: str, count: int, stamp_dtype: np.dtype | None
+) -> StagedKeys:
     data = output.storage.read(output.path(relative))
-    if len(data) != 16 * count:
-        raise StoreCorruptError(
-            output.path(relative), f"holds {len(data)} bytes for {count} keys of 16 bytes"
-        )
-    return Fingerprints.from_packed(data)
+    return StagedKeys.from_bytes(data, count, stamp_dtype, output.path(relative))
 
 
-def _staged_by_others(
-    output: Output, folder: str, partition: int
-) -> list[tuple[str, int, int, int]]:
-    """(name, partition, attempt, count) of every keys file other partitions staged so far."""
+@dataclass(frozen=True)
+class _Staged:
+    name: str
+    partition: int
+    attempt: int
+    count: int
+
+
+def _staged(output: Output, folder: str) -> list[_Staged]:
+    """Every keys file staged in a window's folder so far."""
     found = []
     for name in output.storage.entries(output.path(folder)):
         fields = name.removesuffix(KEYS_SUFFIX).split("-")
-        if not name.endswith(KEYS_SUFFIX) or len(fields) != 4 or not fields[3][1:].isdigit():
-            continue
-        theirs = int(fields[0][1:])
-        if theirs != partition:
-            found.append((name, theirs, int(fields[1][1:]), int(fields[3][1:])))
+        if name.endswith(KEYS_SUFFIX) and len(fields) == 4 and fields[3][1:].isdigit():
+            found.append(_Staged(name, int(fields[0][1:]), int(fields[1][1:]), int(fields[3][1:])))
     return found
 
 
-def others_keys(
-    output: Output, folder: str, partition: int
-) -> tuple[Fingerprints, frozenset[tuple[int, int]]] | None:
-    """Every complete set of keys other partitions' tasks have staged, and whose they are; None
-    when more than ``SETTLE_WITH_AT_MOST`` tasks staged keys (the commit settles then)."""
-    staged = _staged_by_others(output, folder, partition)
-    if len({(p, a) for _, p, a, _ in staged}) > SETTLE_WITH_AT_MOST:
-        return None
-    parts, saw = [], set()
-    for name, theirs, attempt, count in staged:
-        data = output.storage.read(output.path(f"{folder}/{name}"))
-        if len(data) == 16 * count:  # shorter: still being written
-            parts.append(Fingerprints.from_packed(data))
-            saw.add((theirs, attempt))
-    empty = Fingerprints(np.empty(0, np.uint64), np.empty(0, np.uint64))
-    return Fingerprints.concat([empty, *parts]), frozenset(saw)
+def lower_keys(
+    output: Output, folder: str, partition: int, stamp_dtype: np.dtype | None, wait: float
+) -> tuple[list[tuple[_Staged, StagedKeys]], bool]:
+    """The staged keys of every lower partition (its latest attempt), waiting up to ``wait``
+    seconds for those not staged yet; and whether all of them were found complete."""
+    deadline = time.monotonic() + wait
+    pause = _POLL_FIRST_SECONDS
+    width = 16 + (0 if stamp_dtype is None else 8)
+    found: dict[int, tuple[_Staged, StagedKeys]] = {}
+    while True:
+        for staged in sorted(_staged(output, folder), key=lambda s: s.attempt):
+            known = found.get(staged.partition)
+            if staged.partition >= partition or (known and known[0].attempt >= staged.attempt):
+                continue
+            path = output.path(f"{folder}/{staged.name}")
+            data = output.storage.read(path)
+            if len(data) == width * staged.count:  # shorter: still being written
+                found[staged.partition] = (
+                    staged,
+                    StagedKeys.from_bytes(data, staged.count, stamp_dtype, path),
+                )
+        if len(found) == partition or time.monotonic() >= deadline:
+            return list(found.values()), len(found) == partition
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(2 * pause, _POLL_MAX_SECONDS)
 
 
 # -- 1. in the task ----------------------------------------------------------------------------
+
+
+@dataclass
+class TaskSettlement:
+    """The outcome of ``settle_in_task``: the settlement, the held rows that stayed unique, and
+    the task's new keys as its window file must remember them."""
+
+    settlement: Settlement
+    kept_held: int
+    keys: StagedKeys
 
 
 def settle_in_task(
@@ -129,58 +198,106 @@ def settle_in_task(
     folder: str,
     partition: int,
     attempt: int,
-    keys: Fingerprints,
+    keys: StagedKeys,
     held: pa.RecordBatch | None,
     writers: PortWriters,
-) -> tuple[Settlement, int]:
-    """Stage the task's new keys, then write its held unique rows, yielding to duplicate those
-    whose key another partition's task has staged; returns the settlement and how many held
-    rows stayed unique."""
-    settlement = Settlement(held_all=held is not None and held.num_rows == len(keys))
-    if len(keys):
-        settlement.keys_file = stage_keys(output, folder, partition, attempt, keys)
-    if held is None:
-        return settlement, 0
-    yielded = np.zeros(held.num_rows, dtype=bool)
-    seen = others_keys(output, folder, partition)
-    if seen is None:
-        settlement.held_all = False  # too many tasks to read: the commit settles
+    own_values: bool,
+    waited_since: float,
+) -> TaskSettlement:
+    """Stage the task's new keys, settle with the lower partitions, then write the held unique
+    rows, yielding to duplicate every unique row whose key a lower partition has (rewriting the
+    staged unique file for rows of earlier chunks). ``own_values``: copies may carry their own
+    expiry values (assumeSameExpiry=false), so yielded keys take the keeper's."""
+    settlement = Settlement()
+    settlement.keys_file = stage_keys(output, folder, partition, attempt, keys)
+    held_rows = 0 if held is None else held.num_rows
+    yielded = np.zeros(len(keys), dtype=bool)
+    stamp_dtype = None if keys.stamps is None else keys.stamps.dtype
+    if 0 < partition <= SETTLE_WITH_AT_MOST and len(keys):
+        wait = max(SETTLE_WAIT_SECONDS, time.monotonic() - waited_since)
+        lower, settlement.complete = lower_keys(output, folder, partition, stamp_dtype, wait)
+        settlement.saw = frozenset((s.partition, s.attempt) for s, _ in lower)
+        theirs = StagedKeys.concat([k for _, k in lower], stamp_dtype)
+        if len(theirs):
+            combined = Fingerprints.concat([theirs.fingerprints, keys.fingerprints])
+            yielded = ~first_occurrences(combined)[len(theirs) :]
+            if own_values and yielded.any():
+                keys = _keepers_values(keys, yielded, theirs)
     else:
-        others, settlement.saw = seen
-        if len(others):
-            mine = keys[len(keys) - held.num_rows :]
-            yielded = ~first_occurrences(Fingerprints.concat([others, mine]))[len(others) :]
-    if not yielded.any():
-        writers.write("unique", held)
-        return settlement, held.num_rows
-    kept = np.concatenate([np.ones(len(keys) - held.num_rows, dtype=bool), ~yielded])
-    if not yielded.all():
-        writers.write("unique", held.filter(pa.array(~yielded)))
-    writers.write("duplicate", held.filter(pa.array(yielded)))  # last rows of the file
+        settlement.complete = partition == 0 or not len(keys)
+    earlier = len(keys) - held_rows
+    if yielded[:earlier].any():
+        settlement.superseded += _rewrite_unique(output, writers, yielded[:earlier])
+    kept_held = 0
+    if held is not None:
+        mine = yielded[earlier:]
+        if (~mine).any():
+            writers.write("unique", held if not mine.any() else held.filter(pa.array(~mine)))
+        if mine.any():
+            writers.write("duplicate", held.filter(pa.array(mine)))  # last rows of the file
+        kept_held = int((~mine).sum())
     settlement.yielded = int(yielded.sum())
-    reordered = Fingerprints.concat([keys.take(kept), keys.take(~kept)])
-    if settlement.keys_file is not None:
+    if settlement.yielded:
         settlement.superseded.append(settlement.keys_file)
-    settlement.keys_file = stage_keys(output, folder, partition, attempt, reordered)
-    return settlement, held.num_rows - settlement.yielded
+        reordered = StagedKeys.concat([keys.take(~yielded), keys.take(yielded)], stamp_dtype)
+        settlement.keys_file = stage_keys(output, folder, partition, attempt, reordered)
+    return TaskSettlement(settlement, kept_held, keys)
+
+
+def _keepers_values(keys: StagedKeys, yielded: np.ndarray, theirs: StagedKeys) -> StagedKeys:
+    """``keys`` with each yielded key's expiry value replaced by the keeping partition's."""
+    if keys.stamps is None or theirs.stamps is None:
+        return keys
+    order = np.lexsort((theirs.fingerprints.h2, theirs.fingerprints.h1))
+    h1, h2 = theirs.fingerprints.h1[order], theirs.fingerprints.h2[order]
+    rows = np.flatnonzero(yielded)
+    want1, want2 = keys.fingerprints.h1[rows], keys.fingerprints.h2[rows]
+    found = np.searchsorted(h1, want1)  # then step over 64-bit collisions of h1
+    while True:
+        mismatch = h2[np.minimum(found, len(h2) - 1)] != want2
+        if not mismatch.any():
+            break
+        found[mismatch] += 1
+    stamps = keys.stamps.copy()
+    stamps[rows] = theirs.stamps[order][found]
+    return StagedKeys(keys.fingerprints, stamps)
+
+
+def _rewrite_unique(output: Output, writers: PortWriters, yielded: np.ndarray) -> list[str]:
+    """Move the marked rows of the task's staged unique file (its earlier chunks' unique rows,
+    in order) to its duplicate file, streaming the file back in batches; returns the file
+    replaced."""
+    record = writers.take("unique")
+    if record is None or record.rows != len(yielded):
+        raise StoreError(
+            f"staged unique file {record and output.path(record.path)} holds "
+            f"{record and record.rows} rows, but its task found {len(yielded)} keys for them"
+        )
+    start = 0
+    with output.storage.fs.open(output.path(record.path), "rb") as handle:
+        for batch in pq.ParquetFile(handle).iter_batches():
+            mine = yielded[start : start + batch.num_rows]
+            start += batch.num_rows
+            if (~mine).any():
+                writers.write("unique", batch.filter(pa.array(~mine)))
+            if mine.any():
+                writers.write("duplicate", batch.filter(pa.array(mine)))
+    return [record.path]
 
 
 # -- 2. in the commit --------------------------------------------------------------------------
 
 
 def settled_in_tasks(holders: list[Holder]) -> bool:
-    """Whether the tasks' own settlement is complete (see the module docstring). A task that
-    read the keys of an attempt that then failed may have yielded to rows nobody keeps."""
-    finals = {(h.partition, h.attempt) for h in holders}
-    if any(not h.settlement.saw <= finals for h in holders):
-        return False
-    for a, b in itertools.combinations(holders, 2):
-        a_saw_b = (b.partition, b.attempt) in a.settlement.saw
-        b_saw_a = (a.partition, a.attempt) in b.settlement.saw
-        if a_saw_b == b_saw_a:
+    """Whether every task settled with the final attempt of every lower partition."""
+    finals = {h.partition: h.attempt for h in holders}
+    for holder in holders:
+        if holder.unique + holder.settlement.yielded == 0:
+            continue  # no new keys: nothing it could have shared
+        lower = {(p, a) for p, a in finals.items() if p < holder.partition}
+        if not holder.settlement.complete or not lower <= holder.settlement.saw:
             return False
-        seer = a if a_saw_b else b
-        if not seer.settlement.held_all:
+        if holder.settlement.saw - lower:  # it read an attempt that then failed
             return False
     return True
 
@@ -196,20 +313,22 @@ class Moved:
     replaced: str  # the staged file rewritten without them
 
 
-def settle_window(output: Output, holders: list[Holder]) -> list[Moved]:
+def settle_window(
+    output: Output, holders: list[Holder], stamp_dtype: np.dtype | None
+) -> list[Moved]:
     """Leave each key new in this window with exactly one unique row; returns the moves made
     (the holders' files are replaced by the rewritten ones)."""
     holders = [h for h in holders if h.settlement.keys_file is not None]
-    if not holders or (len(holders) == 1 and not holders[0].settlement.yielded):
+    if len(holders) < 2 and not any(h.settlement.yielded for h in holders):
         return []
     if settled_in_tasks(holders):
         return []
     kept, given = [], []
     for holder in holders:
         total = holder.unique + holder.settlement.yielded
-        keys = read_keys(output, holder.settlement.keys_file or "", total)
-        kept.append(keys[: holder.unique])
-        given.append(keys[holder.unique :])
+        keys = read_keys(output, holder.settlement.keys_file or "", total, stamp_dtype)
+        kept.append(keys.fingerprints[: holder.unique])
+        given.append(keys.fingerprints[holder.unique :])
     first = first_occurrences(Fingerprints.concat(kept + given))
     marks = np.split(first, np.cumsum([len(part) for part in kept + given])[:-1])
     moves = []
@@ -240,9 +359,8 @@ def _move_rows(
     kept = [r for r in holder.files if r is not record]
     for port, mask in ((source, ~rows), (target, rows)):
         if mask.any():
-            relative = (
-                f"{holder.folder}/{staged_stem(holder.partition, holder.attempt)}.{port}.parquet"
-            )
+            stem = staged_stem(holder.partition, holder.attempt)
+            relative = f"{holder.folder}/{stem}.{port}.parquet"
             size = output.write_table(relative, table.filter(pa.array(mask)))
             kept.append(PortFile(port, relative, int(mask.sum()), size))
     holder.files[:] = kept

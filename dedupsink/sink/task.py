@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, split, stamp_dtype
 from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.sink.compaction import WrittenKeys, choose_folds, write_window_file
 from dedupsink.sink.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
-from dedupsink.sink.settle import Settlement, settle_in_task
+from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
 from dedupsink.store.cache import CacheInfo, manager_for
 from dedupsink.store.ownership import check_not_fenced
 from dedupsink.store.records import WindowCounts
@@ -109,17 +110,23 @@ def run_task(
                 writers.write(port, rows)
                 counts[port] += rows.num_rows
         new = classifier.new_keys()
-        summary.settlement, kept = settle_in_task(
+        settled = settle_in_task(
             output,
             summary.folder,
             identity.partition,
             identity.attempt,
-            Fingerprints(new.h1, new.h2),
+            StagedKeys(Fingerprints(new.h1, new.h2), new.stamps),
             held,
             writers,
+            own_values=settings.mode in TIME_BUCKET_MODES and not settings.assume_same_expiry,
+            waited_since=started,
         )
-        counts["unique"] += kept
-        counts["duplicate"] += summary.settlement.yielded
+        summary.settlement = settled.settlement
+        # Rows yielded from earlier chunks were counted unique when written.
+        yielded = settled.settlement.yielded
+        counts["unique"] += (0 if held is None else held.num_rows) - yielded
+        counts["duplicate"] += yielded
+        new = replace(new, stamps=settled.keys.stamps)
         summary.files = writers.close()
     except BaseException:
         writers.discard()

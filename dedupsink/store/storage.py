@@ -208,6 +208,14 @@ class Storage:
         tag = info.get("ETag") or info.get("etag") or info.get("generation") or ""
         return Entry(basename(info["name"]), int(info.get("size") or 0), str(tag))
 
+    def find(self, folder: str) -> list[str]:
+        """Every file under ``folder``, at any depth (one listing where the filesystem can)."""
+        try:
+            found = self.fs.find(folder, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(name for name, info in found.items() if info.get("type") != "directory")
+
     def folders(self, folder: str) -> list[str]:
         """The names of the folders directly in ``folder``."""
         try:
@@ -389,6 +397,9 @@ class HdfsStorage(Storage):
 
 class ObjectStorage(Storage):
     """Object stores: no folders, no rename; a conditional PUT and a server-side copy."""
+
+    def folders(self, folder: str) -> list[str]:
+        return []  # a "folder" is a name prefix: nothing is left once its files are deleted
 
     def ensure_folder(self, folder: str) -> None:
         return  # an object's name makes its "folder"; creating one costs a request for nothing

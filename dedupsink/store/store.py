@@ -320,28 +320,24 @@ class BucketStore:
         )
 
     def collect_garbage(self, manifest: Manifest) -> list[str]:
-        """Every ``GARBAGE_EVERY`` versions, delete (in one bulk request) the window files
-        dropped at least two versions ago and the manifests older than the last 16."""
+        """Every ``GARBAGE_EVERY`` versions, delete in one bulk request: the window files dropped
+        at least two versions ago, window files of earlier windows that no version references
+        (failed attempts), manifests older than the last 16, and what conditional creates a
+        crash interrupted left aside. Returns the window files deleted."""
         if manifest.version % GARBAGE_EVERY:
             return []
-        due = garbage_due(manifest)
-        old = [v for v in self.versions() if v <= manifest.version - KEEP_MANIFESTS]
-        self.storage.delete([self.data_path(n) for n in due] + [self.manifest_path(v) for v in old])
-        return due
-
-    def remove_orphans(self, manifest: Manifest) -> int:
-        """Delete window files of earlier windows that no version references (failed attempts)
-        and the leftovers of conditional creates a crash interrupted."""
-        names = self.storage.entries(self.path(DATA_DIR))
+        log = self.storage.entries(self.path(LOG_DIR))
+        data = self.storage.entries(self.path(DATA_DIR))
         referenced = set(manifest.files) | {name for name, _ in manifest.tombstones}
-        orphans = [n for n in names if n not in referenced and _window_of(n) <= manifest.version]
-        leftovers = [
-            n for n in self.storage.entries(self.path(LOG_DIR)) if _aside_of(n) <= manifest.version
-        ]
+        due = garbage_due(manifest)
+        orphans = [n for n in data if n not in referenced and _window_of(n) <= manifest.version]
+        old = [n for n in log if _version_of(n) <= manifest.version - KEEP_MANIFESTS]
+        aside = [n for n in log if _aside_of(n) <= manifest.version]
+        files = [n for n in due if n in data] + orphans
         self.storage.delete(
-            [self.data_path(n) for n in orphans] + [self.path(LOG_DIR, n) for n in leftovers]
+            [self.data_path(n) for n in files] + [self.path(LOG_DIR, n) for n in old + aside]
         )
-        return len(orphans)
+        return files
 
     def disk_usage(self) -> tuple[int, int]:
         """(number of window files, bytes) under data/."""
@@ -388,6 +384,12 @@ def _coalesce(
         else:
             groups.append([pair])
     return groups
+
+
+def _version_of(name: str) -> int:
+    """The version of a manifest's name; a large number for any other name."""
+    number = name.removesuffix(MANIFEST_SUFFIX)
+    return int(number) if name.endswith(MANIFEST_SUFFIX) and number.isdigit() else 1 << 62
 
 
 def _aside_of(name: str) -> int:
