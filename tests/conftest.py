@@ -15,6 +15,10 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # gcsfs otherwise probes every bucket's type over gRPC first (a minute against an emulator); set
 # before gcsfs is imported, here and in every process Spark starts.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# S3 clients give up after two attempts with short back-offs: the fault tests fail requests on
+# purpose (a 500, persistently), and the default five attempts take seconds each time.
+os.environ.setdefault("AWS_RETRY_MODE", "standard")
+os.environ.setdefault("AWS_MAX_ATTEMPTS", "2")
 
 from servers import Azurite, FakeGcs, Remote, S3Server
 

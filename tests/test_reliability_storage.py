@@ -245,8 +245,8 @@ def test_spark_query_failing_on_a_full_disk_restarts_from_its_checkpoint_and_los
                 "commit",
                 "commit",
                 batch=2,
-                op="pipe_file",
-                path_part="duplicate/_s",
+                op="open(wb)",
+                path_part="duplicate/_spark_metadata/.",
                 action="raise",
             ),
         ]

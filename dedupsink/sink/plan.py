@@ -101,9 +101,9 @@ def check_store(plan: SinkPlan, once: bool = False) -> None:
     )
     if once and key in _checked:
         return
-    store, output = plan.store, plan.output
-    store.storage.check_reachable(STORE_PATH)
+    output, store = plan.output, plan.store  # path first: storePath follows from it by default
     output.storage.check_reachable(PATH)
+    store.storage.check_reachable(STORE_PATH)
     existing = store.read()
     if (existing is None or not existing.ports) and output.has_windows():
         # A store that never published next to ports that hold windows (storePath changed,

@@ -438,10 +438,14 @@ class ObjectStorage(Storage):
             raise DedupOptionError(
                 option, self.url, f"a location these credentials may use (access denied: {exc})"
             ) from exc
-        except OSError as exc:
+        except self.client_errors() as exc:
             raise DedupOptionError(
                 option, self.url, f"a reachable location ({type(exc).__name__}: {exc})"
             ) from exc
+
+    def client_errors(self) -> tuple[type[BaseException], ...]:
+        """What the filesystem's client raises when it cannot reach or use the service."""
+        return (OSError,)
 
 
 class S3Storage(ObjectStorage):
@@ -449,6 +453,11 @@ class S3Storage(ObjectStorage):
 
     family = "s3"
     protocols = ("s3", "s3a")
+
+    def client_errors(self) -> tuple[type[BaseException], ...]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        return (OSError, BotoCoreError, ClientError)
 
     def read(self, path: str) -> bytes:
         # A ranged GET: a plain cat_file first asks the object's size with a HEAD.
@@ -495,12 +504,23 @@ class GcsStorage(ObjectStorage):
     family = "gcs"
     protocols = ("gs", "gcs")
 
+    def client_errors(self) -> tuple[type[BaseException], ...]:
+        from aiohttp import ClientError
+        from gcsfs.retry import HttpError
+
+        return (OSError, ClientError, HttpError)
+
 
 class AzureStorage(ObjectStorage):
     """Azure Blob Storage and ADLS Gen2 through adlfs."""
 
     family = "azure"
     protocols = ("abfs", "az", "abfss")
+
+    def client_errors(self) -> tuple[type[BaseException], ...]:
+        from azure.core.exceptions import AzureError
+
+        return (OSError, AzureError)
 
 
 def _protocols(fs_class: type) -> tuple[str, ...]:
