@@ -39,9 +39,10 @@ from dedupsink.errors import StoreCorruptError, StoreError
 from dedupsink.sink.output import Output, PortFile, PortWriters, staged_stem
 
 KEYS_SUFFIX = ".keys"
-# A task settles with the keys of at most this many lower partitions; above that, reading them
-# all (a request each on an object store) costs more than the commit's check.
-SETTLE_WITH_AT_MOST = 8
+# A task settles with the keys of at most this many lower partitions (one read each, one at a
+# time); above that the commit checks, and a window of more partitions should be partitioned by
+# key.
+SETTLE_WITH_AT_MOST = 32
 # How long a task waits for the keys of lower partitions: at least this, or as long as it has
 # run itself (a lower partition running late is about as far from done).
 SETTLE_WAIT_SECONDS = 5.0
@@ -137,47 +138,72 @@ def read_keys(
 
 @dataclass(frozen=True)
 class _Staged:
+    """A keys file another task staged, as its listing shows it."""
+
     name: str
     partition: int
     attempt: int
     count: int
+    size: int
 
 
 def _staged(output: Output, folder: str) -> list[_Staged]:
     """Every keys file staged in a window's folder so far."""
     found = []
-    for name in output.storage.entries(output.path(folder)):
+    for name, entry in output.storage.entries(output.path(folder)).items():
         fields = name.removesuffix(KEYS_SUFFIX).split("-")
         if name.endswith(KEYS_SUFFIX) and len(fields) == 4 and fields[3][1:].isdigit():
-            found.append(_Staged(name, int(fields[0][1:]), int(fields[1][1:]), int(fields[3][1:])))
+            partition, attempt, count = int(fields[0][1:]), int(fields[1][1:]), int(fields[3][1:])
+            found.append(_Staged(name, partition, attempt, count, entry.size))
     return found
 
 
 def lower_keys(
     output: Output, folder: str, partition: int, stamp_dtype: np.dtype | None, wait: float
-) -> tuple[list[tuple[_Staged, StagedKeys]], bool]:
-    """The staged keys of every lower partition (its latest attempt), waiting up to ``wait``
-    seconds for those not staged yet; and whether all of them were found complete."""
+) -> tuple[list[_Staged], bool]:
+    """The keys files of every lower partition (its latest attempt), lowest first, waiting up to
+    ``wait`` seconds for those not staged yet; and whether all of them were found complete. A
+    file shorter than its count says is still being written (a local disk)."""
     deadline = time.monotonic() + wait
     pause = _POLL_FIRST_SECONDS
     width = 16 + (0 if stamp_dtype is None else 8)
-    found: dict[int, tuple[_Staged, StagedKeys]] = {}
     while True:
-        for staged in sorted(_staged(output, folder), key=lambda s: s.attempt):
+        found: dict[int, _Staged] = {}
+        for staged in _staged(output, folder):
             known = found.get(staged.partition)
-            if staged.partition >= partition or (known and known[0].attempt >= staged.attempt):
-                continue
-            path = output.path(f"{folder}/{staged.name}")
-            data = output.storage.read(path)
-            if len(data) == width * staged.count:  # shorter: still being written
-                found[staged.partition] = (
-                    staged,
-                    StagedKeys.from_bytes(data, staged.count, stamp_dtype, path),
-                )
+            complete = staged.size == width * staged.count
+            later = known is None or staged.attempt > known.attempt
+            if staged.partition < partition and complete and later:
+                found[staged.partition] = staged
         if len(found) == partition or time.monotonic() >= deadline:
-            return list(found.values()), len(found) == partition
+            return [found[p] for p in sorted(found)], len(found) == partition
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(2 * pause, _POLL_MAX_SECONDS)
+
+
+def _yielded_to(
+    output: Output,
+    folder: str,
+    lower: list[_Staged],
+    keys: StagedKeys,
+    own_values: bool,
+) -> tuple[np.ndarray, StagedKeys]:
+    """Which of ``keys`` a lower partition has, reading one lower task's keys at a time (memory
+    for the task's own keys and one other's, whatever the window's size); with ``own_values``
+    each yielded key takes the keeping (lowest) partition's expiry value."""
+    yielded = np.zeros(len(keys), dtype=bool)
+    stamp_dtype = None if keys.stamps is None else keys.stamps.dtype
+    for staged in lower:
+        theirs = read_keys(output, f"{folder}/{staged.name}", staged.count, stamp_dtype)
+        if not len(theirs):
+            continue
+        combined = Fingerprints.concat([theirs.fingerprints, keys.fingerprints])
+        found = ~first_occurrences(combined)[len(theirs) :]
+        fresh = found & ~yielded  # a lower partition already claimed the others
+        if own_values and fresh.any():
+            keys = _keepers_values(keys, fresh, theirs)
+        yielded |= found
+    return yielded, keys
 
 
 # -- 1. in the task ----------------------------------------------------------------------------
@@ -216,13 +242,8 @@ def settle_in_task(
     if 0 < partition <= SETTLE_WITH_AT_MOST and len(keys):
         wait = max(SETTLE_WAIT_SECONDS, time.monotonic() - waited_since)
         lower, settlement.complete = lower_keys(output, folder, partition, stamp_dtype, wait)
-        settlement.saw = frozenset((s.partition, s.attempt) for s, _ in lower)
-        theirs = StagedKeys.concat([k for _, k in lower], stamp_dtype)
-        if len(theirs):
-            combined = Fingerprints.concat([theirs.fingerprints, keys.fingerprints])
-            yielded = ~first_occurrences(combined)[len(theirs) :]
-            if own_values and yielded.any():
-                keys = _keepers_values(keys, yielded, theirs)
+        settlement.saw = frozenset((s.partition, s.attempt) for s in lower)
+        yielded, keys = _yielded_to(output, folder, lower, keys, own_values)
     else:
         settlement.complete = partition == 0 or not len(keys)
     earlier = len(keys) - held_rows
