@@ -66,6 +66,7 @@ class Case:
     key: Callable[[Row], Hashable | None]
     value: Callable[[Row], Any] = lambda row: None
     period: float | None = None
+    one_window: bool = False  # a batch job: every file in one window
 
 
 CASES = {
@@ -92,6 +93,14 @@ CASES = {
         key=lambda r: _all_present(r.get("order_id")),
         value=lambda r: r.get("city"),
         period=2,
+    ),
+    "system-logs-backfill": Case(
+        "system-logs",
+        "tupleTime",
+        key=lambda r: _all_present(_int(r.get("serial"))),
+        value=lambda r: _micros(r.get("ts")),
+        period=24 * HOUR_US,
+        one_window=True,
     ),
     "system-time": Case(
         "system-logs",
@@ -120,6 +129,8 @@ def expected_runs(case: Case, runs: int) -> list[Counter[str]]:
     """Port counts of each run: every run reads all the files again, one window per file."""
     model = ReferenceDedup(case.mode, case.period)
     windows = windows_of(ROOT / "data" / case.data)
+    if case.one_window:
+        windows = [[row for rows in windows for row in rows]]
     results = []
     clock = 0
     for _ in range(runs):
@@ -237,7 +248,14 @@ def test_sample_data_feeds_every_port() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["customers-basic", "transactions-ordered", "cities-categorical", "system-time"]
+    "name",
+    [
+        "customers-basic",
+        "transactions-ordered",
+        "cities-categorical",
+        "system-time",
+        "system-logs-backfill",
+    ],
 )
 def test_run_matches_the_reference(
     name: str, sample_data: Callable[[str], Path], tmp_path: Path
@@ -248,7 +266,8 @@ def test_run_matches_the_reference(
     expected = as_dict(expected_runs(case, 1)[0])
     assert summary.this_run == expected
     assert summary.all_runs == expected
-    assert summary.batches == len(list((ROOT / "data" / case.data).iterdir()))
+    files = len(list((ROOT / "data" / case.data).iterdir()))
+    assert summary.batches == (1 if case.one_window else files)
     for port in PORTS:
         assert summary.locations[port] == str(out / port)
         assert ds.dataset(summary.locations[port], format="parquet").count_rows() == expected[port]
@@ -289,3 +308,18 @@ def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path
     assert {port: info["rows"] for port, info in report["ports"].items()} == both
     assert report["windows"] == 2 * files
     assert report["owner"] is None
+
+
+def test_a_backfill_run_twice_puts_every_row_in_duplicate_or_expired(
+    sample_data: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The batch job (trigger = batch) writes all the files as one window; run again, the
+    store remembers every key."""
+    case = CASES["system-logs-backfill"]
+    data, out = sample_data(case.data), tmp_path / "out"
+    first, second = (as_dict(c) for c in expected_runs(case, 2))
+    assert run_job("system-logs-backfill", data, out).this_run == first
+    summary = run_job("system-logs-backfill", data, out)
+    assert summary.this_run == second and summary.batches == 1
+    assert second["unique"] == 0 and second["duplicate"] + second["expired"] > 0
+    assert inspect_json(out)["windows"] == 2

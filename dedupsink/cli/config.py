@@ -59,7 +59,9 @@ SPARK_PREFIX = "spark."
 JOB_KEYS = (SOURCE_FORMAT, SOURCE_PATH, SOURCE_SCHEMA, CHECKPOINT, TRIGGER, *SINK_OPTIONS)
 PATH_KEYS = (SOURCE_PATH, PATH, STORE_PATH, CHECKPOINT)
 TRIGGER_DEFAULT = "availableNow"
-TRIGGER_ACCEPTED = "availableNow, once, or a processing-time interval such as '10 seconds'"
+TRIGGER_ACCEPTED = (
+    "availableNow, once, batch, or a processing-time interval such as '10 seconds'"
+)
 
 _KNOWN = {key.lower(): key for key in JOB_KEYS}
 _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
@@ -79,11 +81,13 @@ class Setting:
 class Trigger:
     """How the query is triggered: ``availableNow``, ``once`` or every ``interval_ms``."""
 
-    kind: Literal["availableNow", "once", "processingTime"]
+    kind: Literal["availableNow", "once", "batch", "processingTime"]
     text: str
     interval_ms: int = 0
 
     def describe(self) -> str:
+        if self.kind == "batch":
+            return "batch (the source read once and written as one window)"
         return self.kind if self.kind != "processingTime" else f"every {self.text}"
 
 
@@ -239,7 +243,8 @@ def resolve_paths(config: JobConfig) -> None:
 
 
 def parse_trigger(text: str | None, where: str | None = None) -> Trigger:
-    """``availableNow`` (the default), ``once``, or a processing-time interval."""
+    """``availableNow`` (the default), ``once``, ``batch`` (a batch job: ``spark.read`` once,
+    written as one window), or a processing-time interval."""
     if text is None:
         return Trigger("availableNow", TRIGGER_DEFAULT)
     lowered = text.strip().lower()
@@ -247,6 +252,8 @@ def parse_trigger(text: str | None, where: str | None = None) -> Trigger:
         return Trigger("availableNow", text)
     if lowered == "once":
         return Trigger("once", text)
+    if lowered == "batch":
+        return Trigger("batch", text)
     try:
         span = parse_duration(TRIGGER, text)
     except DedupOptionError as exc:

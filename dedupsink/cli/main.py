@@ -136,6 +136,8 @@ def describe(job: PreparedJob) -> list[str]:
     )
     checkpoint, fresh = checkpoint_for(job)
     where = f"fresh for each run, under {checkpoint.rsplit('/', 1)[0]}" if fresh else checkpoint
+    if job.trigger.kind == "batch":
+        where = "none (a batch job)"
     spark = ", ".join(
         f"{k}={v}" for k, v in sorted(config.spark_conf.items()) if k != SPARK_PREFIX + "master"
     )

@@ -36,6 +36,7 @@ from dedupsink.cli.config import CHECKPOINT, SOURCE_PATH
 from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
 from dedupsink.engine.classify import PORTS
+from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import join_url
 from dedupsink.store.format import Manifest
@@ -144,6 +145,17 @@ def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
     return writer.start()
 
 
+def write_batch(spark: Any, job: PreparedJob) -> None:
+    """A batch job: the source read once with ``spark.read`` and written as one window."""
+    reader = spark.read.format(job.source_format)
+    if job.schema is not None and job.source_format not in FIXED_SCHEMAS:
+        reader = reader.schema(job.schema)
+    reader = reader.options(**job.config.source_options)
+    path = job.config.get(SOURCE_PATH)
+    frame = reader.load(path) if path else reader.load()
+    frame.write.format("dedup").options(**job.config.sink_options).mode("append").save()
+
+
 def failure_of(exc: Exception) -> QueryFailed:
     """The root cause of a Spark failure in one line: a dedupsink error when there is one, else
     the Python error of the failed task, else Spark's own first line."""
@@ -169,6 +181,7 @@ class WindowWatcher:
         versions = store.versions()
         self.seen = versions[-1] if versions else -1
         self.query_id = ""
+        self.batch = False  # a batch job: its write's id is learnt from the window it commits
         self.windows: list[WindowRecord] = []
 
     def poll(self) -> None:
@@ -180,8 +193,14 @@ class WindowWatcher:
 
     def _report(self, manifest: Manifest) -> None:
         window = manifest.last_window
-        if window is None or window.window != manifest.version or window.query != self.query_id:
+        if window is None or window.window != manifest.version:
             return
+        ours = window.query == self.query_id or (
+            self.batch and not self.query_id and window.query.startswith(BATCH_WRITE_PREFIX)
+        )
+        if not ours:
+            return
+        self.query_id = window.query
         self.windows.append(window)
         ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
         print(
@@ -322,6 +341,10 @@ def run_query(spark: Any, job: PreparedJob, checkpoint: str, watcher: WindowWatc
 
     query = None
     try:
+        if job.trigger.kind == "batch":
+            watcher.batch = True
+            write_batch(spark, job)
+            return False
         query = start_query(spark, job, checkpoint)
         watcher.query_id = str(query.id)
         with Stopper() as stopper:
@@ -338,6 +361,7 @@ def run_query(spark: Any, job: PreparedJob, checkpoint: str, watcher: WindowWatc
 def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
     """Run a prepared job to its end (or Ctrl-C), release the store, print the summary."""
     checkpoint, fresh = checkpoint_for(job)
+    fresh = fresh and job.trigger.kind != "batch"  # a batch job has no checkpoint
     outcome = RunOutcome()
     watcher = WindowWatcher(job.store, out)
     started = time.monotonic()

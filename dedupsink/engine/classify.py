@@ -70,6 +70,15 @@ class NewKeys:
     stamps: np.ndarray | None
 
 
+def bucket_of(settings: Settings, fps: Fingerprints, stamps: np.ndarray | None) -> np.ndarray:
+    """Each key's bucket: by expiry value in time-bucket modes, by key hash otherwise."""
+    count = settings.bucket_count
+    if settings.buckets_by_time and stamps is not None and settings.span is not None:
+        keys = np.floor_divide(stamps, settings.span).astype(np.int64)
+        return np.mod(keys, count).astype(np.int64)
+    return (fps.h1 % np.uint64(count)).astype(np.int64)
+
+
 def stamp_dtype(settings: Settings) -> np.dtype | None:
     if not settings.stores_stamps:
         return None
@@ -205,12 +214,7 @@ class WindowClassifier:
         return stamps
 
     def _buckets(self, fps: Fingerprints, stamps: np.ndarray | None) -> np.ndarray:
-        count = self.settings.bucket_count
-        if self.settings.buckets_by_time:
-            assert stamps is not None and self.settings.span is not None
-            keys = np.floor_divide(stamps, self.settings.span).astype(np.int64)
-            return np.mod(keys, count).astype(np.int64)
-        return (fps.h1 % np.uint64(count)).astype(np.int64)
+        return bucket_of(self.settings, fps, stamps)
 
     def new_keys(self) -> NewKeys:
         """All keys this task found new in this window (no fingerprint twice)."""

@@ -20,10 +20,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dedupsink.engine.classify import PORTS, stamp_dtype
+from dedupsink.engine.classify import PORTS, CommittedState, NewKeys, bucket_of, stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import StoreConflictError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
+from dedupsink.sink.compaction import KeysContext, WrittenKeys, write_window_file
 from dedupsink.sink.nextversion import WindowUpdate, next_version
 from dedupsink.sink.output import Output, PortFile
 from dedupsink.sink.parquet import port_schema
@@ -92,6 +93,7 @@ def commit_window(
         schema_files = _schema_files(plan, output, base, done)
         crossed = _cross_partition(done, moves)
         update = WindowUpdate(plan, base, writer, batch_id, done, schema_files, crossed, now_ms())
+        update.promoted = _remember_promoted(plan, store, base, done, moves)
         nxt = next_version(update)
         store.commit(nxt)
     except (StoreConflictError, FileNotFoundError):
@@ -185,6 +187,33 @@ def _apply_moves(done: list[TaskSummary], holders: list[Holder], moves: list[Mov
         wf = None if summary.written is None else summary.written.window_file
         if wf is not None:
             wf.keys += move.rows if move.target == "unique" else -move.rows
+
+
+def _remember_promoted(
+    plan: SinkPlan,
+    store: BucketStore,
+    base: Manifest,
+    done: list[TaskSummary],
+    moves: list[Moved],
+) -> list[WrittenKeys]:
+    """Window files for keys promoted back to unique: their task left them out of its own."""
+    written = []
+    expiry_point = CommittedState(base.latest).expiry_point(plan.settings)
+    for move in moves:
+        if move.keys is None or not len(move.keys):
+            continue
+        holder = move.holder
+        summary = next(
+            s
+            for s in done
+            if (s.identity.partition, s.identity.attempt) == (holder.partition, holder.attempt)
+        )
+        keys = move.keys
+        buckets = bucket_of(plan.settings, keys.fingerprints, keys.stamps)
+        new = NewKeys(keys.fingerprints.h1, keys.fingerprints.h2, buckets, keys.stamps)
+        context = KeysContext(plan.settings, expiry_point, tuple(summary.new_categories))
+        written.append(write_window_file(store, base, context, new, holder.partition, []))
+    return written
 
 
 def _cross_partition(done: list[TaskSummary], moves: list[Moved]) -> int:

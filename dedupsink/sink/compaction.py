@@ -26,6 +26,7 @@ import numpy as np
 
 from dedupsink.engine.classify import NewKeys, WindowClassifier, stamp_dtype
 from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.settings import Settings
 from dedupsink.store.cache import BucketManager
 from dedupsink.store.format import (
     Manifest,
@@ -118,10 +119,24 @@ def tiered_fold(segments: list[Segment]) -> list[Segment]:
     return taken
 
 
+@dataclass(frozen=True)
+class KeysContext:
+    """What writing a window file needs to know of the window: its settings, expiry point and
+    the categories its task found new (provisional stamps -1, -2, ... index them)."""
+
+    settings: Settings
+    expiry_point: float | None
+    new_categories: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, classifier: WindowClassifier) -> KeysContext:
+        return cls(classifier.settings, classifier.expiry_point, tuple(classifier.new_categories))
+
+
 def write_window_file(
     store: BucketStore,
     manifest: Manifest,
-    classifier: WindowClassifier,
+    context: KeysContext,
     new: NewKeys,
     partition: int,
     folds: list[Fold],
@@ -140,16 +155,16 @@ def write_window_file(
     window = manifest.version + 1
     name = window_file_name(window, partition)
     data, segments = encode_segments(buckets, h1, h2, stamps, name)
-    file_max = _known_max(stamps, classifier)
+    file_max = _known_max(stamps, context.settings)
     chunks: list[bytes | memoryview] = [data]
     nbytes, count = len(data), len(h1)
-    dtype = stamp_dtype(classifier.settings)
+    dtype = stamp_dtype(context.settings)
     for fold in folds:
         if fold.raw is None:
             continue
         paths = [store.data_url(s.file) for s in fold.segments]
         parts, segment, top = concat_segments(
-            fold.raw, fold.segments, dtype, paths, name, nbytes, classifier.expiry_point
+            fold.raw, fold.segments, dtype, paths, name, nbytes, context.expiry_point
         )
         if segment is None:
             continue  # every folded key is expired: the folded segments just leave the index
@@ -170,17 +185,17 @@ def write_window_file(
         nbytes=nbytes,
         buckets=sorted(segments),
         max_stamp=file_max,
-        local_categories=list(classifier.new_categories),
+        local_categories=list(context.new_categories),
     )
     written.segments = segments
     return written
 
 
-def _known_max(stamps: np.ndarray | None, classifier: WindowClassifier) -> float | None:
+def _known_max(stamps: np.ndarray | None, settings: Settings) -> float | None:
     """The largest stamp the task knows; provisional (negative) category numbers and window
     times are resolved by the commit."""
     if stamps is None or not len(stamps):
         return None
-    provisional = classifier.settings.mode in ("categorical", "systemTime")
+    provisional = settings.mode in ("categorical", "systemTime")
     known = stamps[stamps >= 0] if provisional else stamps
     return known.max().item() if len(known) else None

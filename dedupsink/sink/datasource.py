@@ -19,10 +19,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
-from dedupsink.errors import DedupError
+from dedupsink.errors import DedupError, DedupOptionError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,6 +73,32 @@ class DedupStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Staged files stay invisible; a later sweep removes them.
         log.warning("dedup batch %s aborted; nothing was published", batchId)
+
+
+class DedupBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("dedup")``: the whole write is one window of the store."""
+
+    def __init__(self, plan: SinkPlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DedupCommitMessage:
+        from dedupsink.sink.task import run_task
+
+        _exempt_long_lived_objects_from_gc()
+        with self.plan.options.masking():
+            return DedupCommitMessage(run_task(self.plan, batch_task(self.plan), iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        from dedupsink.sink.commit import commit_window
+
+        _exempt_long_lived_objects_from_gc()
+        _log_to_stderr_if_unconfigured()
+        summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
+        with self.plan.options.masking():
+            commit_window(self.plan, summaries, 0)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning("dedup batch write %s aborted; nothing was published", self.plan.run)
 
 
 def _exempt_long_lived_objects_from_gc() -> None:
@@ -127,6 +158,17 @@ def new_run() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def batch_task(plan: SinkPlan) -> TaskIdentity:
+    """A batch write's task: the write is a query of one window (batch 0), named by its id."""
+    from dedupsink.sink.plan import BATCH_WRITE_PREFIX, TaskIdentity
+
+    context = TaskContext.get()
+    if context is None:
+        raise DedupError("the dedup sink's write() must run inside a Spark task")
+    query = BATCH_WRITE_PREFIX + plan.run
+    return TaskIdentity(query, plan.run, 0, context.partitionId(), context.attemptNumber())
+
+
 def current_task(plan: SinkPlan) -> TaskIdentity:
     """The window and attempt of the running task, from Spark's task context."""
     from dedupsink.sink.plan import TaskIdentity
@@ -149,7 +191,9 @@ def current_task(plan: SinkPlan) -> TaskIdentity:
 
 
 class DedupDataSource(DataSource):
-    """``df.writeStream.format("dedup")``: split each micro-batch into four ports."""
+    """``df.writeStream.format("dedup")`` splits each micro-batch into four ports;
+    ``df.write.format("dedup").mode("append")`` writes a DataFrame as one window of the same
+    store and ports (a backfill, a daily job)."""
 
     @classmethod
     def name(cls) -> str:
@@ -166,3 +210,21 @@ class DedupDataSource(DataSource):
         # process, and not for a commit (which checks what it relies on itself).
         check: Checks = "never" if _planning_a_commit() else "once"
         return DedupStreamWriter(plan_for(dict(self.options), arrow_schema, new_run(), check))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DedupBatchWriter:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from dedupsink.sink.plan import plan_for
+
+        _exempt_long_lived_objects_from_gc()
+        if overwrite:
+            # Spark itself refuses the error and ignore modes for a Python data source; only
+            # append and overwrite reach here.
+            raise DedupOptionError(
+                "mode",
+                "overwrite",
+                "append: a batch write adds one window to the store and its ports, which it "
+                "never replaces (use .mode('append'))",
+            )
+        arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        return DedupBatchWriter(plan_for(dict(self.options), arrow_schema, new_run(), "always"))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from dedupsink.engine.classify import PORTS
+from dedupsink.sink.compaction import WrittenKeys
 from dedupsink.sink.output import PortFile
 from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.sparklog import is_compaction
@@ -38,7 +39,13 @@ class WindowUpdate:
     schema_files: list[PortFile]  # empty files giving a port without rows its schema
     cross_partition: int
     now_ms: int
+    promoted: list[WrittenKeys] = field(default_factory=list)  # written by the commit
     dropped_keys: int = 0  # keys forgotten with expired window files (set by a step)
+
+    @property
+    def written(self) -> list[WrittenKeys]:
+        """Every window file of the window: its tasks' and the commit's."""
+        return [t.written for t in self.tasks if t.written is not None] + self.promoted
 
 
 def next_version(update: WindowUpdate) -> Manifest:
@@ -97,9 +104,8 @@ def add_window_files(nxt: Manifest, update: WindowUpdate) -> None:
     """The tasks' window files and their segments join the index."""
     mode = update.plan.settings.mode
     ordinals = nxt.category_ordinals()
-    for task in update.tasks:
-        written = task.written
-        if written is None or written.window_file is None:
+    for written in update.written:
+        if written.window_file is None:
             continue
         wf = written.window_file
         if mode == "systemTime":
@@ -151,9 +157,9 @@ def advance_latest_point(nxt: Manifest, update: WindowUpdate) -> None:
     elif mode == "systemTime":
         now_us = int(time.time() * 1_000_000)
         nxt.latest = now_us if previous is None else max(now_us, int(previous) + 1)
-        for task in update.tasks:
-            if task.written is not None and task.written.window_file is not None:
-                task.written.window_file.max_stamp = nxt.latest
+        for written in update.written:
+            if written.window_file is not None:
+                written.window_file.max_stamp = nxt.latest
     else:
         stamps = [t.max_stamp for t in update.tasks if t.max_stamp is not None]
         if previous is not None:
@@ -192,7 +198,7 @@ def count_window(nxt: Manifest, update: WindowUpdate) -> None:
         query=update.writer.query,
         batch=update.batch_id,
         counts=counts,
-        new_keys=sum(t.written.new_keys for t in update.tasks if t.written is not None),
+        new_keys=sum(written.new_keys for written in update.written),
         cross_partition_duplicates=update.cross_partition,
         dropped_keys=update.dropped_keys,
         task_seconds=round(sum(t.seconds for t in update.tasks), 3),

@@ -10,8 +10,8 @@ rule is **the lowest partition keeps the key**, and the tasks apply it themselve
    same time or earlier) and *yields* its unique rows whose key one of them has: they go to
    ``duplicate``. The unique rows of its last chunk are still in memory; those of earlier
    chunks (a large window) are in its staged unique file, which it rewrites itself, so no row
-   is read on the driver. The keys of yielded rows stay in its window file, with the keeper's
-   expiry value: a key is remembered with its unique row's value.
+   is read on the driver. The keys of yielded rows are left out of its window file: the
+   keeper remembers each key once, with its unique row's expiry value.
 2. **In the commit** (``settle_window``). Each task reports which attempt of which lower
    partition it settled with. When every task settled with the final attempts of all lower
    partitions, nothing is left to do and nothing is read. Otherwise (a lower partition's
@@ -21,7 +21,8 @@ rule is **the lowest partition keeps the key**, and the tasks apply it themselve
    hash pass: a kept key that occurs earlier is demoted to duplicate, a yielded key that does
    not occur earlier (nobody kept it) is promoted back to unique. Moving a row means rewriting
    that task's staged file: the one case in which the driver reads rows. Partitioning the input
-   by key (``df.repartition(n, *keys)``) gives the commit nothing to move.
+   by key (``df.repartition(n, *keys)``) gives the commit nothing to move. A key promoted back
+   has no window file remembering it; the commit writes one (``PromotedKeys``).
 """
 
 from __future__ import annotations
@@ -181,29 +182,17 @@ def lower_keys(
         pause = min(2 * pause, _POLL_MAX_SECONDS)
 
 
-def _yielded_to(
-    output: Output,
-    folder: str,
-    lower: list[_Staged],
-    keys: StagedKeys,
-    own_values: bool,
-) -> tuple[np.ndarray, StagedKeys]:
+def _yielded_to(output: Output, folder: str, lower: list[_Staged], keys: StagedKeys) -> np.ndarray:
     """Which of ``keys`` a lower partition has, reading one lower task's keys at a time (memory
-    for the task's own keys and one other's, whatever the window's size); with ``own_values``
-    each yielded key takes the keeping (lowest) partition's expiry value."""
+    for the task's own keys and one other's, whatever the window's size)."""
     yielded = np.zeros(len(keys), dtype=bool)
     stamp_dtype = None if keys.stamps is None else keys.stamps.dtype
     for staged in lower:
         theirs = read_keys(output, f"{folder}/{staged.name}", staged.count, stamp_dtype)
-        if not len(theirs):
-            continue
-        combined = Fingerprints.concat([theirs.fingerprints, keys.fingerprints])
-        found = ~first_occurrences(combined)[len(theirs) :]
-        fresh = found & ~yielded  # a lower partition already claimed the others
-        if own_values and fresh.any():
-            keys = _keepers_values(keys, fresh, theirs)
-        yielded |= found
-    return yielded, keys
+        if len(theirs):
+            combined = Fingerprints.concat([theirs.fingerprints, keys.fingerprints])
+            yielded |= ~first_occurrences(combined)[len(theirs) :]
+    return yielded
 
 
 # -- 1. in the task ----------------------------------------------------------------------------
@@ -211,12 +200,11 @@ def _yielded_to(
 
 @dataclass
 class TaskSettlement:
-    """The outcome of ``settle_in_task``: the settlement, the held rows that stayed unique, and
-    the task's new keys as its window file must remember them."""
+    """The outcome of ``settle_in_task``: the settlement, and which of the task's new keys
+    (in unique-row order) it yielded, to leave out of its window file."""
 
     settlement: Settlement
-    kept_held: int
-    keys: StagedKeys
+    yielded: np.ndarray
 
 
 def settle_in_task(
@@ -227,13 +215,11 @@ def settle_in_task(
     keys: StagedKeys,
     held: pa.RecordBatch | None,
     writers: PortWriters,
-    own_values: bool,
     waited_since: float,
 ) -> TaskSettlement:
     """Stage the task's new keys, settle with the lower partitions, then write the held unique
     rows, yielding to duplicate every unique row whose key a lower partition has (rewriting the
-    staged unique file for rows of earlier chunks). ``own_values``: copies may carry their own
-    expiry values (assumeSameExpiry=false), so yielded keys take the keeper's."""
+    staged unique file for rows of earlier chunks)."""
     settlement = Settlement()
     settlement.keys_file = stage_keys(output, folder, partition, attempt, keys)
     held_rows = 0 if held is None else held.num_rows
@@ -243,45 +229,24 @@ def settle_in_task(
         wait = max(SETTLE_WAIT_SECONDS, time.monotonic() - waited_since)
         lower, settlement.complete = lower_keys(output, folder, partition, stamp_dtype, wait)
         settlement.saw = frozenset((s.partition, s.attempt) for s in lower)
-        yielded, keys = _yielded_to(output, folder, lower, keys, own_values)
+        yielded = _yielded_to(output, folder, lower, keys)
     else:
         settlement.complete = partition == 0 or not len(keys)
     earlier = len(keys) - held_rows
     if yielded[:earlier].any():
         settlement.superseded += _rewrite_unique(output, writers, yielded[:earlier])
-    kept_held = 0
     if held is not None:
         mine = yielded[earlier:]
         if (~mine).any():
             writers.write("unique", held if not mine.any() else held.filter(pa.array(~mine)))
         if mine.any():
             writers.write("duplicate", held.filter(pa.array(mine)))  # last rows of the file
-        kept_held = int((~mine).sum())
     settlement.yielded = int(yielded.sum())
     if settlement.yielded:
         settlement.superseded.append(settlement.keys_file)
         reordered = StagedKeys.concat([keys.take(~yielded), keys.take(yielded)], stamp_dtype)
         settlement.keys_file = stage_keys(output, folder, partition, attempt, reordered)
-    return TaskSettlement(settlement, kept_held, keys)
-
-
-def _keepers_values(keys: StagedKeys, yielded: np.ndarray, theirs: StagedKeys) -> StagedKeys:
-    """``keys`` with each yielded key's expiry value replaced by the keeping partition's."""
-    if keys.stamps is None or theirs.stamps is None:
-        return keys
-    order = np.lexsort((theirs.fingerprints.h2, theirs.fingerprints.h1))
-    h1, h2 = theirs.fingerprints.h1[order], theirs.fingerprints.h2[order]
-    rows = np.flatnonzero(yielded)
-    want1, want2 = keys.fingerprints.h1[rows], keys.fingerprints.h2[rows]
-    found = np.searchsorted(h1, want1)  # then step over 64-bit collisions of h1
-    while True:
-        mismatch = h2[np.minimum(found, len(h2) - 1)] != want2
-        if not mismatch.any():
-            break
-        found[mismatch] += 1
-    stamps = keys.stamps.copy()
-    stamps[rows] = theirs.stamps[order][found]
-    return StagedKeys(keys.fingerprints, stamps)
+    return TaskSettlement(settlement, yielded)
 
 
 def _rewrite_unique(output: Output, writers: PortWriters, yielded: np.ndarray) -> list[str]:
@@ -332,6 +297,7 @@ class Moved:
     source: str
     target: str
     replaced: str  # the staged file rewritten without them
+    keys: StagedKeys | None = None  # the keys of rows promoted back to unique
 
 
 def settle_window(
@@ -349,16 +315,18 @@ def settle_window(
         total = holder.unique + holder.settlement.yielded
         keys = read_keys(output, holder.settlement.keys_file or "", total, stamp_dtype)
         kept.append(keys.fingerprints[: holder.unique])
-        given.append(keys.fingerprints[holder.unique :])
-    first = first_occurrences(Fingerprints.concat(kept + given))
+        given.append(keys.take(np.arange(holder.unique, total)))
+    first = first_occurrences(Fingerprints.concat(kept + [g.fingerprints for g in given]))
     marks = np.split(first, np.cumsum([len(part) for part in kept + given])[:-1])
     moves = []
     for holder, lost in zip(holders, marks[: len(kept)], strict=True):
         if (~lost).any():
             moves.append(_move_rows(output, holder, "unique", ~lost, "duplicate", at_end=False))
-    for holder, back in zip(holders, marks[len(kept) :], strict=True):
+    for holder, back, keys in zip(holders, marks[len(kept) :], given, strict=True):
         if back.any():  # after demotions: a demotion adds its file at the end
-            moves.append(_move_rows(output, holder, "duplicate", back, "unique", at_end=True))
+            moved = _move_rows(output, holder, "duplicate", back, "unique", at_end=True)
+            moved.keys = keys.take(back)
+            moves.append(moved)
     return moves
 
 

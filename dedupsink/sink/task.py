@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
-from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, split, stamp_dtype
+from dedupsink.engine.classify import (
+    PORTS,
+    CommittedState,
+    NewKeys,
+    WindowClassifier,
+    split,
+    stamp_dtype,
+)
 from dedupsink.engine.fingerprint import Fingerprints
-from dedupsink.engine.settings import TIME_BUCKET_MODES
-from dedupsink.sink.compaction import WrittenKeys, choose_folds, write_window_file
+from dedupsink.sink.compaction import KeysContext, WrittenKeys, choose_folds, write_window_file
 from dedupsink.sink.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
@@ -118,7 +125,6 @@ def run_task(
             StagedKeys(Fingerprints(new.h1, new.h2), new.stamps),
             held,
             writers,
-            own_values=settings.mode in TIME_BUCKET_MODES and not settings.assume_same_expiry,
             waited_since=started,
         )
         summary.settlement = settled.settlement
@@ -126,7 +132,7 @@ def run_task(
         yielded = settled.settlement.yielded
         counts["unique"] += (0 if held is None else held.num_rows) - yielded
         counts["duplicate"] += yielded
-        new = replace(new, stamps=settled.keys.stamps)
+        new = _kept(new, settled.yielded)  # the keeping partition remembers the yielded keys
         summary.files = writers.close()
     except BaseException:
         writers.discard()
@@ -135,13 +141,19 @@ def run_task(
     summary.max_stamp = classifier.max_stamp
     summary.new_categories = classifier.new_categories
     folds = choose_folds(manager, manifest, classifier, new, identity.partition)
-    summary.written = write_window_file(store, manifest, classifier, new, identity.partition, folds)
-    if summary.written.window_file is not None:
-        # The partition yielded to remembers those keys.
-        summary.written.window_file.keys -= summary.settlement.yielded
+    context = KeysContext.of(classifier)
+    summary.written = write_window_file(store, manifest, context, new, identity.partition, folds)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _kept(new: NewKeys, yielded: np.ndarray) -> NewKeys:
+    if not yielded.any():
+        return new
+    kept = ~yielded
+    stamps = None if new.stamps is None else new.stamps[kept]
+    return NewKeys(new.h1[kept], new.h2[kept], new.buckets[kept], stamps)
 
 
 def _marking_last(items: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, bool]]:
