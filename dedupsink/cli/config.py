@@ -59,9 +59,7 @@ SPARK_PREFIX = "spark."
 JOB_KEYS = (SOURCE_FORMAT, SOURCE_PATH, SOURCE_SCHEMA, CHECKPOINT, TRIGGER, *SINK_OPTIONS)
 PATH_KEYS = (SOURCE_PATH, PATH, STORE_PATH, CHECKPOINT)
 TRIGGER_DEFAULT = "availableNow"
-TRIGGER_ACCEPTED = (
-    "availableNow, once, batch, or a processing-time interval such as '10 seconds'"
-)
+TRIGGER_ACCEPTED = "availableNow, once, batch, or a processing-time interval such as '10 seconds'"
 
 _KNOWN = {key.lower(): key for key in JOB_KEYS}
 _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")

@@ -36,9 +36,9 @@ from dedupsink.cli.config import CHECKPOINT, SOURCE_PATH
 from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
 from dedupsink.engine.classify import PORTS
-from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import join_url
+from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import release
 from dedupsink.store.records import WindowRecord
