@@ -1160,3 +1160,23 @@ def test_a_task_failing_at_any_step_is_retried_by_a_new_attempt(
         assert port_rows(root) == golden["ports"], f"step {k}"
         keys = key_summary(all_keys(store, manifest, crash_scene.plan(root).settings))
         assert keys == golden["keys"], f"step {k}"
+
+
+def test_sorted_keys_find_the_rows_another_task_shares_even_with_h1_collisions() -> None:
+    from dedupsink.engine.fingerprint import Fingerprints
+    from dedupsink.sink.settle import _SortedKeys
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        # Few distinct words: many keys share h1 and differ in h2 only.
+        pairs = sorted({(int(a), int(b)) for a, b in rng.integers(0, 4, (40, 2))})
+        order = rng.permutation(len(pairs))
+        mine = Fingerprints(
+            np.array([pairs[i][0] for i in order], np.uint64),
+            np.array([pairs[i][1] for i in order], np.uint64),
+        )
+        theirs = Fingerprints(*(rng.integers(0, 4, (2, 30)).astype(np.uint64)))
+        shared = set(zip(theirs.h1.tolist(), theirs.h2.tolist(), strict=True))
+        found = sorted(set(_SortedKeys(mine).rows_of(theirs).tolist()))
+        mine_pairs = list(zip(mine.h1.tolist(), mine.h2.tolist(), strict=True))
+        assert found == [i for i, pair in enumerate(mine_pairs) if pair in shared]

@@ -66,11 +66,12 @@ class StagedKeys:
             self.fingerprints.take(rows), None if self.stamps is None else self.stamps[rows]
         )
 
-    def to_bytes(self) -> bytes:
-        packed = bytes(self.fingerprints.packed())
-        if self.stamps is None:
-            return packed
-        return packed + self.stamps.astype(self.stamps.dtype.newbyteorder("<")).tobytes()
+    def chunks(self) -> list[bytes | memoryview]:
+        """The staged layout, as chunks to write in order (no joined copy)."""
+        chunks: list[bytes | memoryview] = [self.fingerprints.packed()]
+        if self.stamps is not None and len(self.stamps):
+            chunks.append(self.stamps.astype(self.stamps.dtype.newbyteorder("<")).tobytes())
+        return chunks
 
     @staticmethod
     def from_bytes(data: bytes, count: int, stamp_dtype: np.dtype | None, path: str) -> StagedKeys:
@@ -126,7 +127,7 @@ def stage_keys(output: Output, folder: str, partition: int, attempt: int, keys: 
     """Stage a task's new keys; the name carries the count, so that another task reading the
     file while it is being written (a local disk) can tell it is not complete yet."""
     relative = f"{folder}/{staged_stem(partition, attempt)}-n{len(keys)}{KEYS_SUFFIX}"
-    output.storage.write(output.path(relative), keys.to_bytes())
+    output.storage.write(output.path(relative), keys.chunks())
     return relative
 
 
@@ -187,12 +188,40 @@ def _yielded_to(output: Output, folder: str, lower: list[_Staged], keys: StagedK
     for the task's own keys and one other's, whatever the window's size)."""
     yielded = np.zeros(len(keys), dtype=bool)
     stamp_dtype = None if keys.stamps is None else keys.stamps.dtype
+    mine = _SortedKeys(keys.fingerprints)
     for staged in lower:
         theirs = read_keys(output, f"{folder}/{staged.name}", staged.count, stamp_dtype)
-        if len(theirs):
-            combined = Fingerprints.concat([theirs.fingerprints, keys.fingerprints])
-            yielded |= ~first_occurrences(combined)[len(theirs) :]
+        yielded[mine.rows_of(theirs.fingerprints)] = True
     return yielded
+
+
+class _SortedKeys:
+    """A task's keys sorted once, to find which of them another task's keys hold: a binary
+    search per other key, no hashing of the two sets together."""
+
+    def __init__(self, fingerprints: Fingerprints) -> None:
+        self.order = np.lexsort((fingerprints.h2, fingerprints.h1))
+        self.h1 = fingerprints.h1[self.order]
+        self.h2 = fingerprints.h2[self.order]
+
+    def rows_of(self, others: Fingerprints) -> np.ndarray:
+        """The row positions of the keys that ``others`` also has."""
+        if not len(self.h1) or not len(others):
+            return np.empty(0, np.int64)
+        at = np.searchsorted(self.h1, others.h1)
+        hits = []
+        # Equal h1 with different h2 (a 64-bit collision) sit next to each other: step over.
+        while True:
+            inside = at < len(self.h1)
+            at, wanted1, wanted2 = at[inside], others.h1[inside], others.h2[inside]
+            same1 = self.h1[at] == wanted1
+            at, wanted1, wanted2 = at[same1], wanted1[same1], wanted2[same1]
+            same2 = self.h2[at] == wanted2
+            hits.append(at[same2])
+            if same2.all():
+                break
+            at, others = at[~same2] + 1, Fingerprints(wanted1[~same2], wanted2[~same2])
+        return self.order[np.concatenate(hits)]
 
 
 # -- 1. in the task ----------------------------------------------------------------------------

@@ -35,8 +35,10 @@ from dedupsink.store.records import WindowCounts
 from dedupsink.store.store import check_settings
 
 # Spark hands Arrow batches of 10,000 rows; classifying fewer, larger batches pays the
-# per-bucket lookup overhead less often, at a bounded memory cost.
+# per-bucket lookup overhead less often, at a bounded memory cost: a chunk ends at this many rows
+# or bytes, whichever comes first (wide rows would otherwise make a chunk of a hundred MB).
 COALESCE_ROWS = 131_072
+COALESCE_BYTES = 16 << 20
 
 
 @dataclass
@@ -64,18 +66,22 @@ class TaskSummary:
         return staging_folder(self.base_version + 1, identity.query_id, identity.batch_id)
 
 
-def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
-    """Regroup record batches into batches of at least ``rows`` rows (the last may be short)."""
+def coalesce(
+    batches: Iterator[pa.RecordBatch], rows: int, nbytes: int = COALESCE_BYTES
+) -> Iterator[pa.RecordBatch]:
+    """Regroup record batches into batches of at least ``rows`` rows or ``nbytes`` bytes (the
+    last may be smaller)."""
     pending: list[pa.RecordBatch] = []
-    count = 0
+    count = size = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         pending.append(batch)
         count += batch.num_rows
-        if count >= rows:
+        size += batch.nbytes
+        if count >= rows or size >= nbytes:
             yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-            pending, count = [], 0
+            pending, count, size = [], 0, 0
     if pending:
         yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
@@ -104,14 +110,20 @@ def run_task(
     output = plan.output
     writers = PortWriters(output, summary.folder, identity.partition, identity.attempt)
     counts = dict.fromkeys(PORTS, 0)
-    held = None  # the last chunk's unique rows, written once settled with other partitions
+    # A chunk's unique rows are held until the next chunk comes: the last chunk's are written
+    # once settled with the other partitions.
+    held: pa.RecordBatch | None = None
     try:
-        for batch, last in _marking_last(coalesce(batches, COALESCE_ROWS)):
+        for batch in coalesce(batches, COALESCE_ROWS):
             tick = time.perf_counter()
             result = classifier.classify(batch)
             summary.classify_seconds += time.perf_counter() - tick
+            if held is not None:
+                writers.write("unique", held)
+                counts["unique"] += held.num_rows
+                held = None
             for port, rows in split(batch, result).items():
-                if last and port == "unique":
+                if port == "unique":
                     held = rows
                     continue
                 writers.write(port, rows)
@@ -154,11 +166,3 @@ def _kept(new: NewKeys, yielded: np.ndarray) -> NewKeys:
     kept = ~yielded
     stamps = None if new.stamps is None else new.stamps[kept]
     return NewKeys(new.h1[kept], new.h2[kept], new.buckets[kept], stamps)
-
-
-def _marking_last(items: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, bool]]:
-    pending = next(items, None)
-    while pending is not None:
-        following = next(items, None)
-        yield pending, following is None
-        pending = following
