@@ -142,7 +142,7 @@ def test_every_failing_write_rename_and_delete_of_a_batch_fails_it_and_a_rerun_l
         monkeypatch.setattr(settle_module, "SETTLE_WITH_AT_MOST", 0)
     steps = faulted_steps(template, tmp_path, ctl)
     ops = {s["op"] for s in steps}
-    assert {"open(wb)", "pipe_file", "link", "mv", "rm", "rm_file", "makedirs"} <= ops, ops
+    assert {"open(wb)", "link", "mv", "rm", "rm_file", "makedirs"} <= ops, ops
     assert {s["kind"] for s in steps} == {"task", "commit"}
     # A key found new by both partitions: the later task yields its row, or else the commit
     # rewrites a staged file. The commit also sweeps leftovers.

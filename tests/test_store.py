@@ -412,7 +412,7 @@ def test_window_file_round_trips_every_segment(root: str, stamps_kind: str) -> N
     stamps = None if dtype is None else (rng.standard_normal(n) * 1e6).astype(dtype)
     name = "w0000000001-p00000-000000000000.keys"
     data, segments = encode_segments(buckets, h1, h2, stamps, name)
-    assert data.startswith(WINDOW_MAGIC)
+    assert bytes(data).startswith(WINDOW_MAGIC)
     assert len(data) == len(WINDOW_MAGIC) + n * 8 * (2 + (stamps is not None))
     store = make_plan(root).store
     store.write_window_file(name, data)
@@ -972,6 +972,30 @@ def test_a_task_settles_every_chunk_rewriting_its_own_earlier_unique_rows(
     assert ports["duplicate"] == [0, 1, 2]
 
 
+def test_the_commit_moves_rows_out_of_whichever_unique_files_of_a_task_hold_them(
+    tmp_path: Path,
+) -> None:
+    """A task of several chunks that left settling to the commit has a unique file per chunk:
+    the commit rewrites only those holding a key a lower partition kept."""
+    plan = make_plan(str(tmp_path / "out"))
+    first = attempt(plan, 0, 0, rows(list(range(10)), [1] * 10))
+    chunks = [rows([0, 20, 21], [1, 1, 1]), rows([22, 23, 24], [1, 1, 1]), rows([2, 25], [1, 1])]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(task_module, "COALESCE_ROWS", 3)
+        patch.setattr(settle_module, "SETTLE_WITH_AT_MOST", 0)
+        later = run_task(plan, TaskIdentity(QUERY, RUN, 0, 1, 0), iter(chunks))
+    assert later.settlement.yielded == 0 and not later.settlement.complete
+    unique_files = [f.path for f in later.files if f.port == "unique"]
+    assert len(unique_files) == 3
+    report = commit_window(plan, [first, later], 0)
+    assert report is not None
+    assert report.cross_partition_duplicates == 2
+    assert unique_files[1] in {f.path for f in later.files}  # untouched: not rewritten
+    ports = port_rows(tmp_path / "out")
+    assert ports["unique"] == [*range(10), 20, 21, 22, 23, 24, 25]
+    assert ports["duplicate"] == [0, 2]
+
+
 def tree(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
@@ -1164,7 +1188,7 @@ def test_a_task_failing_at_any_step_is_retried_by_a_new_attempt(
 
 def test_sorted_keys_find_the_rows_another_task_shares_even_with_h1_collisions() -> None:
     from dedupsink.engine.fingerprint import Fingerprints
-    from dedupsink.sink.settle import _SortedKeys
+    from dedupsink.sink.settle import SortedKeys, StagedKeys
 
     rng = np.random.default_rng(1)
     for _ in range(200):
@@ -1177,6 +1201,49 @@ def test_sorted_keys_find_the_rows_another_task_shares_even_with_h1_collisions()
         )
         theirs = Fingerprints(*(rng.integers(0, 4, (2, 30)).astype(np.uint64)))
         shared = set(zip(theirs.h1.tolist(), theirs.h2.tolist(), strict=True))
-        found = sorted(set(_SortedKeys(mine).rows_of(theirs).tolist()))
+        found = sorted(set(SortedKeys.of(StagedKeys(mine, None)).rows_of(theirs).tolist()))
         mine_pairs = list(zip(mine.h1.tolist(), mine.h2.tolist(), strict=True))
         assert found == [i for i, pair in enumerate(mine_pairs) if pair in shared]
+
+
+@pytest.mark.parametrize("stamp_dtype", [None, np.dtype(np.int64), np.dtype(np.float64)])
+def test_staged_keys_read_back_in_their_task_order(stamp_dtype: np.dtype | None) -> None:
+    from dedupsink.engine.fingerprint import Fingerprints
+    from dedupsink.sink.settle import SortedKeys, StagedKeys
+
+    rng = np.random.default_rng(7)
+    words = rng.integers(0, 2**63, (2, 1000)).astype(np.uint64)
+    words[0, 500:510] = words[0, 0]  # some equal first words
+    stamps = None if stamp_dtype is None else rng.integers(0, 10**9, 1000).astype(stamp_dtype)
+    keys = StagedKeys(Fingerprints(words[0], words[1]), stamps)
+    staged = SortedKeys.of(keys)
+    data = b"".join(bytes(chunk) for chunk in staged.chunks())
+    assert len(data) == 1000 * SortedKeys.width(stamp_dtype)
+    back = SortedKeys.from_bytes(data, 1000, stamp_dtype, "keys").in_order()
+    assert np.array_equal(back.fingerprints.h1, words[0])
+    assert np.array_equal(back.fingerprints.h2, words[1])
+    assert (back.stamps is None) if stamps is None else np.array_equal(back.stamps, stamps)
+
+
+@pytest.mark.parametrize("size", [50, 200_000])  # read whole; read lane by lane
+def test_a_task_yields_exactly_the_keys_a_lower_task_staged(tmp_path: Path, size: int) -> None:
+    from dedupsink.engine.fingerprint import Fingerprints
+    from dedupsink.sink.output import Output
+    from dedupsink.sink.settle import SortedKeys, StagedKeys, _staged, _yielded_to, stage_keys
+
+    rng = np.random.default_rng(3)
+    words = rng.integers(0, 2**64 - 1, (2, 2 * size), dtype=np.uint64)
+    mine = Fingerprints(words[0, :size].copy(), words[1, :size].copy())
+    theirs = Fingerprints(words[0, size:].copy(), words[1, size:].copy())
+    shared = rng.choice(size, size // 10, replace=False)
+    theirs.h1[: len(shared)] = mine.h1[shared]
+    theirs.h2[: len(shared)] = mine.h2[shared]
+    collide = np.setdiff1d(np.arange(size), shared)[:5]  # first word only: not the same key
+    theirs.h1[len(shared) : len(shared) + 5] = mine.h1[collide]
+    stamps = rng.integers(0, 100, size).astype(np.int64)
+    output = Output(str(tmp_path / "out"))
+    folder = "_staging/w0000000001-q-0"
+    stage_keys(output, folder, 0, 0, SortedKeys.of(StagedKeys(theirs, stamps)))
+    lower = _staged(output, folder)
+    yielded = _yielded_to(output, folder, lower, SortedKeys.of(StagedKeys(mine, stamps)))
+    assert sorted(np.flatnonzero(yielded).tolist()) == sorted(shared.tolist())

@@ -66,7 +66,7 @@ class WrittenKeys:
 def choose_folds(
     manager: BucketManager,
     manifest: Manifest,
-    classifier: WindowClassifier,
+    context: KeysContext,
     new: NewKeys,
     partition: int,
 ) -> list[Fold]:
@@ -77,7 +77,7 @@ def choose_folds(
         (b for b, segments in manifest.buckets.items() if len(segments) > COMPACT_ABOVE_SEGMENTS),
         key=lambda b: -len(manifest.buckets[b]),
     )
-    by_time = classifier.settings.buckets_by_time
+    by_time = context.settings.buckets_by_time
     if by_time:
         hot = {
             b for wf in manifest.files.values() if wf.window == manifest.version for b in wf.buckets
@@ -94,7 +94,7 @@ def choose_folds(
             continue
         segments = tiered_fold(segments)
         if len(segments) > 1:
-            keys = manager.read_segments(segments).alive(classifier.expiry_point)
+            keys = manager.read_segments(segments).alive(context.expiry_point)
             folds.append(Fold(bucket, segments, keys=keys))
     return folds
 

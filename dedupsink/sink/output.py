@@ -147,7 +147,8 @@ class Output:
 
 
 class PortWriters:
-    """One lazily opened Parquet writer per port for one task attempt."""
+    """One lazily opened Parquet writer per port for one task attempt; ``roll`` closes a port's
+    file so that its next rows start another (a task's unique rows are one file per chunk)."""
 
     def __init__(self, output: Output, folder: str, partition: int, attempt: int) -> None:
         self.output = output
@@ -155,36 +156,45 @@ class PortWriters:
         self.partition = partition
         self.attempt = attempt
         self._open: dict[str, tuple[IO[bytes], pq.ParquetWriter, PortFile]] = {}
+        self._closed: list[PortFile] = []
 
-    def write(self, port: str, batch: pa.RecordBatch) -> None:
+    def write(self, port: str, batch: pa.RecordBatch | pa.Table) -> None:
         if port not in self._open:
             relative = self.output.new_staging_file(self.folder, port, self.partition, self.attempt)
             handle = self.output.open_staged(relative)
             writer = open_parquet_writer(handle, batch)
             self._open[port] = (handle, writer, PortFile(port, relative, 0, 0))
         _, writer, record = self._open[port]
-        writer.write_batch(batch)
+        writer.write(batch)
         record.rows += batch.num_rows
 
-    def take(self, port: str) -> PortFile | None:
-        """Close ``port``'s file and hand it over (a later write opens a new one)."""
-        if port not in self._open:
-            return None
-        handle, writer, record = self._open.pop(port)
-        writer.close()
-        record.size = int(handle.tell())
-        handle.close()
-        return record
-
-    def close(self) -> list[PortFile]:
-        files = []
-        for handle, writer, record in self._open.values():
+    def roll(self, port: str) -> None:
+        """Close ``port``'s file (a later write opens a new one)."""
+        if port in self._open:
+            handle, writer, record = self._open.pop(port)
             writer.close()
             record.size = int(handle.tell())
             handle.close()
-            files.append(record)
-        self._open.clear()
-        return files
+            self._closed.append(record)
+
+    def closed(self, port: str) -> list[PortFile]:
+        """``port``'s closed files, in the order they were written."""
+        return [record for record in self._closed if record.port == port]
+
+    def replace(self, old: PortFile, rows: pa.Table) -> None:
+        """Put a file of ``rows`` in the place of the closed file ``old`` (none if no rows)."""
+        at = self._closed.index(old)
+        if not rows.num_rows:
+            del self._closed[at]
+            return
+        relative = self.output.new_staging_file(self.folder, old.port, self.partition, self.attempt)
+        size = self.output.write_table(relative, rows)
+        self._closed[at] = PortFile(old.port, relative, rows.num_rows, size)
+
+    def close(self) -> list[PortFile]:
+        for port in list(self._open):
+            self.roll(port)
+        return list(self._closed)
 
     def discard(self) -> None:
         for handle, writer, _ in self._open.values():

@@ -5,13 +5,14 @@ rule is **the lowest partition keeps the key**, and the tasks apply it themselve
 
 1. **In the task** (``settle_in_task``). Once it has classified its rows, a task *stages* its
    new keys in the window's staging folder (``<stem>-n<count>.keys``: each key's 16-byte
-   fingerprint and, in the expiry modes, its expiry value; the i-th key is the i-th unique
-   row's), then waits for the keys of every lower partition of the window (they run at the
-   same time or earlier) and *yields* its unique rows whose key one of them has: they go to
-   ``duplicate``. The unique rows of its last chunk are still in memory; those of earlier
-   chunks (a large window) are in its staged unique file, which it rewrites itself, so no row
-   is read on the driver. The keys of yielded rows are left out of its window file: the
-   keeper remembers each key once, with its unique row's expiry value.
+   fingerprint, its position among the task's unique rows and, in the expiry modes, its
+   expiry value, sorted by fingerprint: ``SortedKeys``), then waits for the keys of every
+   lower partition of the window (they run at the same time or earlier) and *yields* its
+   unique rows whose key one of them has: they go to ``duplicate``. The unique rows of its
+   last chunk are still in memory; those of earlier chunks (a large window) are in its staged
+   unique files, one per chunk, of which it rewrites those holding yielded rows, so no row is
+   read on the driver. The keys of yielded rows are left out of its window file: the keeper
+   remembers each key once, with its unique row's expiry value.
 2. **In the commit** (``settle_window``). Each task reports which attempt of which lower
    partition it settled with. When every task settled with the final attempts of all lower
    partitions, nothing is left to do and nothing is read. Otherwise (a lower partition's
@@ -33,9 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dedupsink.engine.fingerprint import Fingerprints, first_occurrences
+from dedupsink.engine.settings import Rows
 from dedupsink.errors import StoreCorruptError, StoreError
 from dedupsink.sink.output import Output, PortFile, PortWriters, staged_stem
 
@@ -51,9 +52,14 @@ _POLL_FIRST_SECONDS = 0.02
 _POLL_MAX_SECONDS = 0.5
 
 
+_LANE = np.dtype("<u8")  # fingerprint words and expiry values, as staged
+_ROW = np.dtype("<u4")  # a key's position among its task's new keys
+
+
 @dataclass(frozen=True)
 class StagedKeys:
-    """A task's new keys as staged: fingerprints and (expiry modes) expiry values."""
+    """A task's new keys in its order (the i-th key is the i-th unique row's): fingerprints and
+    (expiry modes) expiry values."""
 
     fingerprints: Fingerprints
     stamps: np.ndarray | None
@@ -66,35 +72,97 @@ class StagedKeys:
             self.fingerprints.take(rows), None if self.stamps is None else self.stamps[rows]
         )
 
-    def chunks(self) -> list[bytes | memoryview]:
-        """The staged layout, as chunks to write in order (no joined copy)."""
-        chunks: list[bytes | memoryview] = [self.fingerprints.packed()]
-        if self.stamps is not None and len(self.stamps):
-            chunks.append(self.stamps.astype(self.stamps.dtype.newbyteorder("<")).tobytes())
-        return chunks
+
+class SortedKeys:
+    """Keys sorted by their fingerprint's first word, each with its position in its task's order:
+    how keys are staged. Another task's sorted keys are then looked up walking both arrays
+    forward (``_Sketch``, then a binary search of the few that may match).
+
+    A staged file is four lanes end to end: ``h1``, ``h2`` (8 bytes each), the position (4
+    bytes) and, in the expiry modes, the expiry value (8 bytes), all little-endian."""
+
+    def __init__(self, h1: np.ndarray, h2: np.ndarray, rows: np.ndarray, stamps: np.ndarray | None):
+        self.h1, self.h2, self.rows, self.stamps = h1, h2, rows, stamps
+
+    def __len__(self) -> int:
+        return len(self.h1)
 
     @staticmethod
-    def from_bytes(data: bytes, count: int, stamp_dtype: np.dtype | None, path: str) -> StagedKeys:
-        width = 16 + (0 if stamp_dtype is None else 8)
+    def of(keys: StagedKeys) -> SortedKeys:
+        order = np.argsort(keys.fingerprints.h1, kind="stable")
+        stamps = None if keys.stamps is None else keys.stamps[order]
+        fingerprints = keys.fingerprints
+        return SortedKeys(fingerprints.h1[order], fingerprints.h2[order], order, stamps)
+
+    @staticmethod
+    def width(stamp_dtype: np.dtype | None) -> int:
+        """Bytes a staged key takes."""
+        return 2 * _LANE.itemsize + _ROW.itemsize + (0 if stamp_dtype is None else _LANE.itemsize)
+
+    def chunks(self) -> list[bytes | memoryview]:
+        """The staged layout, as chunks to write in order (no joined copy)."""
+        lanes: list[np.ndarray] = [self.h1, self.h2, self.rows.astype(_ROW)]
+        if self.stamps is not None:
+            lanes.append(self.stamps)
+        lanes = [np.ascontiguousarray(lane, lane.dtype.newbyteorder("<")) for lane in lanes]
+        return [lane.data.cast("B") if len(lane) else b"" for lane in lanes]
+
+    @staticmethod
+    def from_bytes(data: bytes, count: int, stamp_dtype: np.dtype | None, path: str) -> SortedKeys:
+        width = SortedKeys.width(stamp_dtype)
         if len(data) != width * count:
             raise StoreCorruptError(path, f"holds {len(data)} bytes for {count} keys of {width}")
-        fingerprints = Fingerprints.from_packed(data[: 16 * count])
+        lane, row = _LANE.itemsize * count, _ROW.itemsize * count
+        h1 = np.frombuffer(data, _LANE, count, 0).astype(np.uint64, copy=False)
+        h2 = np.frombuffer(data, _LANE, count, lane).astype(np.uint64, copy=False)
+        rows = np.frombuffer(data, _ROW, count, 2 * lane).astype(np.int64)
         stamps = None
         if stamp_dtype is not None:
             little = np.dtype(stamp_dtype).newbyteorder("<")
-            stamps = np.frombuffer(data, little, count, 16 * count).astype(stamp_dtype)
-        return StagedKeys(fingerprints, stamps)
+            stamps = np.frombuffer(data, little, count, 2 * lane + row).astype(stamp_dtype)
+        return SortedKeys(h1, h2, rows, stamps)
 
-    @staticmethod
-    def concat(parts: list[StagedKeys], stamp_dtype: np.dtype | None) -> StagedKeys:
-        empty = np.empty(0, np.uint64)
-        fingerprints = Fingerprints.concat(
-            [Fingerprints(empty, empty)] + [p.fingerprints for p in parts]
-        )
-        if stamp_dtype is None:
-            return StagedKeys(fingerprints, None)
-        stamps = [np.empty(0, stamp_dtype)] + [p.stamps for p in parts if p.stamps is not None]
-        return StagedKeys(fingerprints, np.concatenate(stamps))
+    def kept_first(self, yielded: np.ndarray) -> SortedKeys:
+        """The same keys, renumbered: the kept ones first, then the yielded (each in order)."""
+        kept = ~yielded
+        position = np.empty(len(yielded), np.int64)
+        position[kept] = np.arange(np.count_nonzero(kept))
+        position[yielded] = np.count_nonzero(kept) + np.arange(np.count_nonzero(yielded))
+        return SortedKeys(self.h1, self.h2, position[self.rows], self.stamps)
+
+    def in_order(self) -> StagedKeys:
+        """The keys back in their task's order."""
+        order = np.empty_like(self.rows)
+        order[self.rows] = np.arange(len(self.rows))
+        stamps = None if self.stamps is None else self.stamps[order]
+        return StagedKeys(Fingerprints(self.h1[order], self.h2[order]), stamps)
+
+    def has_first_word(self, h1: np.ndarray) -> np.ndarray:
+        """Which of ``h1`` are the first word of one of these keys."""
+        if not len(self.h1):
+            return np.zeros(len(h1), dtype=bool)
+        at = np.minimum(np.searchsorted(self.h1, h1), len(self.h1) - 1)
+        return np.asarray(self.h1[at] == h1)
+
+    def rows_of(self, others: SortedKeys | Fingerprints) -> np.ndarray:
+        """The positions (in this task's order) of the keys that ``others`` also has."""
+        if not len(self.h1) or not len(others):
+            return np.empty(0, np.int64)
+        at = np.searchsorted(self.h1, others.h1)
+        wanted1, wanted2 = others.h1, others.h2
+        hits = []
+        # Equal h1 with different h2 (a 64-bit collision) sit next to each other: step over.
+        while True:
+            inside = at < len(self.h1)
+            at, wanted1, wanted2 = at[inside], wanted1[inside], wanted2[inside]
+            same1 = self.h1[at] == wanted1
+            at, wanted1, wanted2 = at[same1], wanted1[same1], wanted2[same1]
+            same2 = self.h2[at] == wanted2
+            hits.append(at[same2])
+            if same2.all():
+                break
+            at, wanted1, wanted2 = at[~same2] + 1, wanted1[~same2], wanted2[~same2]
+        return self.rows[np.concatenate(hits)]
 
 
 @dataclass
@@ -123,7 +191,7 @@ class Holder:
 # -- staged keys -------------------------------------------------------------------------------
 
 
-def stage_keys(output: Output, folder: str, partition: int, attempt: int, keys: StagedKeys) -> str:
+def stage_keys(output: Output, folder: str, partition: int, attempt: int, keys: SortedKeys) -> str:
     """Stage a task's new keys; the name carries the count, so that another task reading the
     file while it is being written (a local disk) can tell it is not complete yet."""
     relative = f"{folder}/{staged_stem(partition, attempt)}-n{len(keys)}{KEYS_SUFFIX}"
@@ -133,9 +201,9 @@ def stage_keys(output: Output, folder: str, partition: int, attempt: int, keys: 
 
 def read_keys(
     output: Output, relative: str, count: int, stamp_dtype: np.dtype | None
-) -> StagedKeys:
+) -> SortedKeys:
     data = output.storage.read(output.path(relative))
-    return StagedKeys.from_bytes(data, count, stamp_dtype, output.path(relative))
+    return SortedKeys.from_bytes(data, count, stamp_dtype, output.path(relative))
 
 
 @dataclass(frozen=True)
@@ -168,7 +236,7 @@ def lower_keys(
     file shorter than its count says is still being written (a local disk)."""
     deadline = time.monotonic() + wait
     pause = _POLL_FIRST_SECONDS
-    width = 16 + (0 if stamp_dtype is None else 8)
+    width = SortedKeys.width(stamp_dtype)
     while True:
         found: dict[int, _Staged] = {}
         for staged in _staged(output, folder):
@@ -183,45 +251,57 @@ def lower_keys(
         pause = min(2 * pause, _POLL_MAX_SECONDS)
 
 
-def _yielded_to(output: Output, folder: str, lower: list[_Staged], keys: StagedKeys) -> np.ndarray:
-    """Which of ``keys`` a lower partition has, reading one lower task's keys at a time (memory
-    for the task's own keys and one other's, whatever the window's size)."""
-    yielded = np.zeros(len(keys), dtype=bool)
-    stamp_dtype = None if keys.stamps is None else keys.stamps.dtype
-    mine = _SortedKeys(keys.fingerprints)
+def _yielded_to(output: Output, folder: str, lower: list[_Staged], mine: SortedKeys) -> np.ndarray:
+    """Which of the task's keys a lower partition has (by position), reading one lower task's
+    keys at a time (memory for the task's own keys and one other's, whatever the window's
+    size). Of a large file only the first words are read, unless one of them is the task's."""
+    yielded = np.zeros(len(mine), dtype=bool)
+    sketch = _Sketch(mine.h1)
     for staged in lower:
-        theirs = read_keys(output, f"{folder}/{staged.name}", staged.count, stamp_dtype)
-        yielded[mine.rows_of(theirs.fingerprints)] = True
+        path = output.path(f"{folder}/{staged.name}")
+        if staged.size <= _READ_WHOLE_AT_MOST:
+            data = output.storage.read(path)
+            h1 = np.frombuffer(data, _LANE, staged.count).astype(np.uint64, copy=False)
+        else:
+            data = b""
+            h1 = _lane(output.storage.read_range(path, 0, _LANE.itemsize * staged.count))
+        at = sketch.candidates(h1)  # a few per cent of theirs, the shared keys among them
+        at = at[mine.has_first_word(h1[at])]
+        if not len(at):
+            continue
+        lane = _LANE.itemsize * staged.count
+        h2 = (
+            np.frombuffer(data, _LANE, staged.count, lane)
+            if data
+            else _lane(output.storage.read_range(path, lane, 2 * lane))
+        ).astype(np.uint64, copy=False)
+        yielded[mine.rows_of(Fingerprints(h1[at], h2[at]))] = True
     return yielded
 
 
-class _SortedKeys:
-    """A task's keys sorted once, to find which of them another task's keys hold: a binary
-    search per other key, no hashing of the two sets together."""
+def _lane(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, _LANE).astype(np.uint64, copy=False)
 
-    def __init__(self, fingerprints: Fingerprints) -> None:
-        self.order = np.lexsort((fingerprints.h2, fingerprints.h1))
-        self.h1 = fingerprints.h1[self.order]
-        self.h2 = fingerprints.h2[self.order]
 
-    def rows_of(self, others: Fingerprints) -> np.ndarray:
-        """The row positions of the keys that ``others`` also has."""
-        if not len(self.h1) or not len(others):
-            return np.empty(0, np.int64)
-        at = np.searchsorted(self.h1, others.h1)
-        hits = []
-        # Equal h1 with different h2 (a 64-bit collision) sit next to each other: step over.
-        while True:
-            inside = at < len(self.h1)
-            at, wanted1, wanted2 = at[inside], others.h1[inside], others.h2[inside]
-            same1 = self.h1[at] == wanted1
-            at, wanted1, wanted2 = at[same1], wanted1[same1], wanted2[same1]
-            same2 = self.h2[at] == wanted2
-            hits.append(at[same2])
-            if same2.all():
-                break
-            at, others = at[~same2] + 1, Fingerprints(wanted1[~same2], wanted2[~same2])
-        return self.order[np.concatenate(hits)]
+# A lower task's keys file up to this size is read whole (one request on an object store);
+# a larger one lane by lane, its second words only when a first word matches.
+_READ_WHOLE_AT_MOST = 1 << 20
+
+
+class _Sketch:
+    """Which first words a task's keys have, by their top bits: one byte a slot, about eight
+    slots a key. Probing another task's (sorted) first words walks it forward and leaves the
+    few per cent that may match for the binary search, which was most of settling's time."""
+
+    def __init__(self, h1: np.ndarray) -> None:
+        bits = min(24, max(10, int(np.ceil(np.log2(max(8 * len(h1), 1))))))
+        self.shift = np.uint64(64 - bits)
+        self.slots = np.zeros(1 << bits, dtype=bool)
+        self.slots[h1 >> self.shift] = True
+
+    def candidates(self, h1: np.ndarray) -> np.ndarray:
+        """Positions in ``h1`` whose first word may be one of the task's."""
+        return np.flatnonzero(self.slots[h1 >> self.shift])
 
 
 # -- 1. in the task ----------------------------------------------------------------------------
@@ -242,15 +322,16 @@ def settle_in_task(
     partition: int,
     attempt: int,
     keys: StagedKeys,
-    held: pa.RecordBatch | None,
+    held: Rows | None,
     writers: PortWriters,
     waited_since: float,
 ) -> TaskSettlement:
     """Stage the task's new keys, settle with the lower partitions, then write the held unique
     rows, yielding to duplicate every unique row whose key a lower partition has (rewriting the
-    staged unique file for rows of earlier chunks)."""
+    staged unique files of earlier chunks that hold any)."""
     settlement = Settlement()
-    settlement.keys_file = stage_keys(output, folder, partition, attempt, keys)
+    mine = SortedKeys.of(keys)
+    settlement.keys_file = stage_keys(output, folder, partition, attempt, mine)
     held_rows = 0 if held is None else held.num_rows
     yielded = np.zeros(len(keys), dtype=bool)
     stamp_dtype = None if keys.stamps is None else keys.stamps.dtype
@@ -258,46 +339,49 @@ def settle_in_task(
         wait = max(SETTLE_WAIT_SECONDS, time.monotonic() - waited_since)
         lower, settlement.complete = lower_keys(output, folder, partition, stamp_dtype, wait)
         settlement.saw = frozenset((s.partition, s.attempt) for s in lower)
-        yielded = _yielded_to(output, folder, lower, keys)
+        yielded = _yielded_to(output, folder, lower, mine)
     else:
         settlement.complete = partition == 0 or not len(keys)
     earlier = len(keys) - held_rows
     if yielded[:earlier].any():
         settlement.superseded += _rewrite_unique(output, writers, yielded[:earlier])
     if held is not None:
-        mine = yielded[earlier:]
-        if (~mine).any():
-            writers.write("unique", held if not mine.any() else held.filter(pa.array(~mine)))
-        if mine.any():
-            writers.write("duplicate", held.filter(pa.array(mine)))  # last rows of the file
+        given = yielded[earlier:]
+        if (~given).any():
+            writers.write("unique", held if not given.any() else held.filter(pa.array(~given)))
+        if given.any():
+            writers.write("duplicate", held.filter(pa.array(given)))  # last rows of the file
     settlement.yielded = int(yielded.sum())
     if settlement.yielded:
         settlement.superseded.append(settlement.keys_file)
-        reordered = StagedKeys.concat([keys.take(~yielded), keys.take(yielded)], stamp_dtype)
-        settlement.keys_file = stage_keys(output, folder, partition, attempt, reordered)
+        settlement.keys_file = stage_keys(
+            output, folder, partition, attempt, mine.kept_first(yielded)
+        )
     return TaskSettlement(settlement, yielded)
 
 
 def _rewrite_unique(output: Output, writers: PortWriters, yielded: np.ndarray) -> list[str]:
-    """Move the marked rows of the task's staged unique file (its earlier chunks' unique rows,
-    in order) to its duplicate file, streaming the file back in batches; returns the file
-    replaced."""
-    record = writers.take("unique")
-    if record is None or record.rows != len(yielded):
+    """Move the marked rows of the task's earlier unique files (one per chunk, in order) to its
+    duplicate file, rewriting only the files that hold any; returns the files replaced."""
+    files = writers.closed("unique")
+    if sum(record.rows for record in files) != len(yielded):
         raise StoreError(
-            f"staged unique file {record and output.path(record.path)} holds "
-            f"{record and record.rows} rows, but its task found {len(yielded)} keys for them"
+            f"staged unique files {[output.path(r.path) for r in files]} hold "
+            f"{sum(r.rows for r in files)} rows, but their task found {len(yielded)} keys for them"
         )
-    start = 0
-    with output.storage.fs.open(output.path(record.path), "rb") as handle:
-        for batch in pq.ParquetFile(handle).iter_batches():
-            mine = yielded[start : start + batch.num_rows]
-            start += batch.num_rows
-            if (~mine).any():
-                writers.write("unique", batch.filter(pa.array(~mine)))
-            if mine.any():
-                writers.write("duplicate", batch.filter(pa.array(mine)))
-    return [record.path]
+    replaced = []
+    for record, marks in zip(files, _per_file(yielded, files), strict=True):
+        if marks.any():
+            table = output.read_table(record.path)  # one chunk's rows
+            writers.replace(record, table.filter(pa.array(~marks)))
+            writers.write("duplicate", table.filter(pa.array(marks)))
+            replaced.append(record.path)
+    return replaced
+
+
+def _per_file(marks: np.ndarray, files: list[PortFile]) -> list[np.ndarray]:
+    """``marks`` over files' rows laid end to end, cut into each file's part."""
+    return np.split(marks, np.cumsum([record.rows for record in files])[:-1])
 
 
 # -- 2. in the commit --------------------------------------------------------------------------
@@ -325,7 +409,7 @@ class Moved:
     rows: int
     source: str
     target: str
-    replaced: str  # the staged file rewritten without them
+    replaced: list[str]  # the staged files rewritten without them
     keys: StagedKeys | None = None  # the keys of rows promoted back to unique
 
 
@@ -342,7 +426,8 @@ def settle_window(
     kept, given = [], []
     for holder in holders:
         total = holder.unique + holder.settlement.yielded
-        keys = read_keys(output, holder.settlement.keys_file or "", total, stamp_dtype)
+        staged = read_keys(output, holder.settlement.keys_file or "", total, stamp_dtype)
+        keys = staged.in_order()
         kept.append(keys.fingerprints[: holder.unique])
         given.append(keys.take(np.arange(holder.unique, total)))
     first = first_occurrences(Fingerprints.concat(kept + [g.fingerprints for g in given]))
@@ -362,32 +447,48 @@ def settle_window(
 def _move_rows(
     output: Output, holder: Holder, source: str, rows: np.ndarray, target: str, at_end: bool
 ) -> Moved:
-    """Rewrite the task's (first) ``source`` file without the marked rows, which go to a new
-    staged file of ``target``. ``at_end``: the marks cover the file's last rows (the yielded
-    ones, at the end of the task's duplicate file)."""
-    record = next(r for r in holder.files if r.port == source)
+    """Rewrite the task's ``source`` files (laid end to end in order) without the marked rows,
+    which go to new staged files of ``target``; a rewritten file keeps its place. ``at_end``: the
+    marks cover the last rows of the first file (the yielded ones, at the end of the task's
+    duplicate file)."""
+    sources = [r for r in holder.files if r.port == source]
     if at_end:
-        rows = np.concatenate([np.zeros(record.rows - len(rows), dtype=bool), rows])
-    table = output.read_table(record.path)
-    if table.num_rows != len(rows):
+        sources = sources[:1]
+        rows = np.concatenate([np.zeros(sources[0].rows - len(rows), dtype=bool), rows])
+    if sum(r.rows for r in sources) != len(rows):
         raise StoreError(
-            f"staged {source} file {output.path(record.path)} holds {table.num_rows} rows, "
-            f"but its task staged {len(rows)} keys for it"
+            f"staged {source} files {[output.path(r.path) for r in sources]} hold "
+            f"{sum(r.rows for r in sources)} rows, but their task staged {len(rows)} keys"
         )
-    kept = [r for r in holder.files if r is not record]
-    for port, mask in ((source, ~rows), (target, rows)):
-        if mask.any():
-            stem = staged_stem(holder.partition, holder.attempt)
-            relative = f"{holder.folder}/{stem}.{port}.parquet"
-            size = output.write_table(relative, table.filter(pa.array(mask)))
-            kept.append(PortFile(port, relative, int(mask.sum()), size))
-    holder.files[:] = kept
-    return Moved(holder, int(rows.sum()), source, target, record.path)
+    replaced = []
+    for record, marks in zip(sources, _per_file(rows, sources), strict=True):
+        if not marks.any():
+            continue
+        table = output.read_table(record.path)
+        if table.num_rows != record.rows:
+            raise StoreError(
+                f"staged {source} file {output.path(record.path)} holds {table.num_rows} rows, "
+                f"but its task wrote {record.rows}"
+            )
+        at = holder.files.index(record)
+        moved = _staged_file(output, holder, target, table.filter(pa.array(marks)))
+        left = _staged_file(output, holder, source, table.filter(pa.array(~marks)))
+        holder.files[at : at + 1] = [] if left is None else [left]
+        holder.files += [] if moved is None else [moved]
+        replaced.append(record.path)
+    return Moved(holder, int(rows.sum()), source, target, replaced)
+
+
+def _staged_file(output: Output, holder: Holder, port: str, rows: pa.Table) -> PortFile | None:
+    if not rows.num_rows:
+        return None
+    relative = f"{holder.folder}/{staged_stem(holder.partition, holder.attempt)}.{port}.parquet"
+    return PortFile(port, relative, rows.num_rows, output.write_table(relative, rows))
 
 
 def staged_files(holders: Iterable[Holder], moves: Iterable[Moved]) -> list[str]:
     """Every staged file of the window's tasks: port files, keys files, and those replaced."""
-    names = [move.replaced for move in moves]
+    names = [name for move in moves for name in move.replaced]
     for holder in holders:
         names.extend(r.path for r in holder.files)
         names.extend(holder.settlement.superseded)

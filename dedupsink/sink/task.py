@@ -25,11 +25,13 @@ from dedupsink.engine.classify import (
     stamp_dtype,
 )
 from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.settings import Rows
 from dedupsink.sink.compaction import KeysContext, WrittenKeys, choose_folds, write_window_file
 from dedupsink.sink.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
-from dedupsink.store.cache import CacheInfo, manager_for
+from dedupsink.store.cache import BucketManager, CacheInfo, manager_for
+from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import check_not_fenced
 from dedupsink.store.records import WindowCounts
 from dedupsink.store.store import check_settings
@@ -68,9 +70,10 @@ class TaskSummary:
 
 def coalesce(
     batches: Iterator[pa.RecordBatch], rows: int, nbytes: int = COALESCE_BYTES
-) -> Iterator[pa.RecordBatch]:
-    """Regroup record batches into batches of at least ``rows`` rows or ``nbytes`` bytes (the
-    last may be smaller)."""
+) -> Iterator[Rows]:
+    """Regroup record batches into chunks of at least ``rows`` rows or ``nbytes`` bytes (the
+    last may be smaller): tables over the batches' buffers, as copying a chunk's every column
+    into one batch cost more than the classification (the engine joins the key columns only)."""
     pending: list[pa.RecordBatch] = []
     count = size = 0
     for batch in batches:
@@ -80,84 +83,122 @@ def coalesce(
         count += batch.num_rows
         size += batch.nbytes
         if count >= rows or size >= nbytes:
-            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            yield pending[0] if len(pending) == 1 else pa.Table.from_batches(pending)
             pending, count, size = [], 0, 0
     if pending:
-        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+        yield pending[0] if len(pending) == 1 else pa.Table.from_batches(pending)
 
 
 def run_task(
     plan: SinkPlan, identity: TaskIdentity, batches: Iterator[pa.RecordBatch]
 ) -> TaskSummary:
     started = time.perf_counter()
-    store, settings, options = plan.store, plan.settings, plan.options
-    manifest = store.read() or store.open(settings)
+    store, options = plan.store, plan.options
+    manifest = store.read() or store.open(plan.settings)
     summary = TaskSummary(identity, manifest.version, manifest.store_id)
     if manifest.queries.get(identity.query_id, -1) >= identity.batch_id:
         summary.skipped = True  # a re-run of a committed batch: its outputs already exist
         return summary
-    check_settings(manifest.settings, settings.identity(), store.url)
+    check_settings(manifest.settings, plan.settings.identity(), store.url)
     check_not_fenced(manifest, plan.writer(identity.query_id, identity.run), store.url)
     manager = manager_for(
         store,
         manifest,
         options.max_cached_buckets,
-        stamp_dtype(settings),
+        stamp_dtype(plan.settings),
         options.max_cache_memory.nbytes,
     )
-    state = CommittedState(manifest.latest, manifest.category_ordinals())
-    classifier = WindowClassifier(settings, state, manager)
-    output = plan.output
-    writers = PortWriters(output, summary.folder, identity.partition, identity.attempt)
-    counts = dict.fromkeys(PORTS, 0)
-    # A chunk's unique rows are held until the next chunk comes: the last chunk's are written
-    # once settled with the other partitions.
-    held: pa.RecordBatch | None = None
+    writers = PortWriters(plan.output, summary.folder, identity.partition, identity.attempt)
     try:
-        for batch in coalesce(batches, COALESCE_ROWS):
-            tick = time.perf_counter()
-            result = classifier.classify(batch)
-            summary.classify_seconds += time.perf_counter() - tick
-            if held is not None:
-                writers.write("unique", held)
-                counts["unique"] += held.num_rows
-                held = None
-            for port, rows in split(batch, result).items():
-                if port == "unique":
-                    held = rows
-                    continue
-                writers.write(port, rows)
-                counts[port] += rows.num_rows
-        new = classifier.new_keys()
-        settled = settle_in_task(
-            output,
-            summary.folder,
-            identity.partition,
-            identity.attempt,
-            StagedKeys(Fingerprints(new.h1, new.h2), new.stamps),
-            held,
-            writers,
-            waited_since=started,
-        )
-        summary.settlement = settled.settlement
-        # Rows yielded from earlier chunks were counted unique when written.
-        yielded = settled.settlement.yielded
-        counts["unique"] += (0 if held is None else held.num_rows) - yielded
-        counts["duplicate"] += yielded
-        new = _kept(new, settled.yielded)  # the keeping partition remembers the yielded keys
+        classified = _classify(plan, manifest, manager, batches, writers, summary)
+        new = _settle(plan, summary, classified, writers, started)
         summary.files = writers.close()
     except BaseException:
         writers.discard()
         raise
-    summary.counts = WindowCounts(**counts)
-    summary.max_stamp = classifier.max_stamp
-    summary.new_categories = classifier.new_categories
-    folds = choose_folds(manager, manifest, classifier, new, identity.partition)
-    context = KeysContext.of(classifier)
+    context = classified.context
+    folds = choose_folds(manager, manifest, context, new, identity.partition)
     summary.written = write_window_file(store, manifest, context, new, identity.partition, folds)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+@dataclass
+class _Classified:
+    """A task's rows once classified: the unique rows of its last chunk (not written yet), the
+    keys it found new, and the counts of the rows written."""
+
+    held: Rows | None
+    new: NewKeys
+    context: KeysContext
+    counts: dict[str, int]
+
+
+def _classify(
+    plan: SinkPlan,
+    manifest: Manifest,
+    manager: BucketManager,
+    batches: Iterator[pa.RecordBatch],
+    writers: PortWriters,
+    summary: TaskSummary,
+) -> _Classified:
+    """Classify the task's rows chunk by chunk and write them to their ports, except the last
+    chunk's unique rows: they wait for the settlement with the other partitions."""
+    state = CommittedState(manifest.latest, manifest.category_ordinals())
+    classifier = WindowClassifier(plan.settings, state, manager)
+    counts = dict.fromkeys(PORTS, 0)
+    held: Rows | None = None
+    for batch in coalesce(batches, COALESCE_ROWS):
+        tick = time.perf_counter()
+        result = classifier.classify(batch)
+        summary.classify_seconds += time.perf_counter() - tick
+        if held is not None:
+            # A file per chunk: yielding rows of an earlier chunk rewrites only its file.
+            writers.write("unique", held)
+            writers.roll("unique")
+            counts["unique"] += held.num_rows
+            held = None
+        for port, rows in split(batch, result).items():
+            if port == "unique":
+                held = rows
+                continue
+            writers.write(port, rows)
+            counts[port] += rows.num_rows
+    summary.max_stamp = classifier.max_stamp
+    summary.new_categories = classifier.new_categories
+    return _Classified(held, classifier.new_keys(), KeysContext.of(classifier), counts)
+
+
+def _settle(
+    plan: SinkPlan,
+    summary: TaskSummary,
+    classified: _Classified,
+    writers: PortWriters,
+    started: float,
+) -> NewKeys:
+    """Settle the task's new keys with the lower partitions (``settle``), write its held unique
+    rows, and count its ports; returns the keys its window file remembers."""
+    identity, new, held = summary.identity, classified.new, classified.held
+    classified.held = None  # written below: not held past the settlement
+    settled = settle_in_task(
+        plan.output,
+        summary.folder,
+        identity.partition,
+        identity.attempt,
+        StagedKeys(Fingerprints(new.h1, new.h2), new.stamps),
+        held,
+        writers,
+        waited_since=started,
+    )
+    summary.settlement = settled.settlement
+    counts = classified.counts
+    # Rows yielded from earlier chunks were counted unique when written.
+    yielded = settled.settlement.yielded
+    counts["unique"] += (0 if held is None else held.num_rows) - yielded
+    counts["duplicate"] += yielded
+    summary.counts = WindowCounts(**counts)
+    return _kept(new, settled.yielded)  # the keeping partition remembers the yielded keys
 
 
 def _kept(new: NewKeys, yielded: np.ndarray) -> NewKeys:
