@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from dedupsink.engine.expiry import ExpiryValues, expiry_values
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences, key_leaves
 from dedupsink.engine.keyset import KeySet
-from dedupsink.engine.settings import ERROR_COLUMN, Settings, column
+from dedupsink.engine.settings import ERROR_COLUMN, Rows, Settings, column
 
 UNIQUE, DUPLICATE, EXPIRED, ERROR = 0, 1, 2, 3
 # systemTime keys are stored before their window's time is known (the commit sets it).
@@ -99,7 +99,7 @@ class WindowClassifier:
         self._new_category_index: dict[str, int] = {}
         self.max_stamp: float | None = None
 
-    def classify(self, batch: pa.RecordBatch) -> BatchResult:
+    def classify(self, batch: Rows) -> BatchResult:
         n = batch.num_rows
         keys = [column(batch, name) for name in self.settings.keys]
         reasons = np.full(n, -1, dtype=np.int8)
@@ -138,9 +138,7 @@ class WindowClassifier:
         texts = pa.array(reason_texts, type=pa.string())
         return BatchResult(ports, texts.take(pa.array(reasons[error], type=pa.int8())))
 
-    def _expiry(
-        self, batch: pa.RecordBatch, flag: Callable[[np.ndarray, str], None]
-    ) -> ExpiryValues | None:
+    def _expiry(self, batch: Rows, flag: Callable[[np.ndarray, str], None]) -> ExpiryValues | None:
         if self.settings.expiry_key is None:
             return None
         name = self.settings.expiry_key
@@ -179,19 +177,28 @@ class WindowClassifier:
             stamps = expiry.values[candidates]
             if expiry.new_category is not None:
                 stamps = self._provisional_ordinals(expiry, candidates, stamps)
-        first = np.flatnonzero(first_occurrences(fps))
+        # One sort of the fingerprints serves finding first copies, looking them up among the
+        # window's earlier new keys, and adding the new ones to those.
+        order = np.argsort(fps.h1)
+        is_first = first_occurrences(fps, order)
+        first = np.flatnonzero(is_first)
         first_fps = fps.take(first)
         buckets = self._buckets(first_fps, None if stamps is None else stamps[first])
-        seen = self.index.remembered(buckets, first_fps, self.expiry_point)
-        seen |= self._pending.contains(first_fps, filtered=False)  # replaced every batch
-        fresh = first[~seen]
+        seen = np.zeros(len(fps), dtype=bool)
+        seen[first] = self.index.remembered(buckets, first_fps, self.expiry_point)
+        by_h1 = order[is_first[order]]
+        # The pending set is replaced every batch: a filter would not repay building.
+        seen[by_h1] |= self._pending.contains(fps.take(by_h1), filtered=False, presorted=True)
+        fresh = np.flatnonzero(is_first & ~seen)
         ports[candidates[fresh]] = UNIQUE
         new_stamps = None if stamps is None else stamps[fresh]
         if self.settings.mode == "systemTime":
             new_stamps = np.full(len(fresh), WINDOW_TIME_PLACEHOLDER, dtype=np.int64)
-        new = NewKeys(fps.h1[fresh], fps.h2[fresh], buckets[~seen], new_stamps)
+        new = NewKeys(fps.h1[fresh], fps.h2[fresh], buckets[~seen[first]], new_stamps)
         self._new.append(new)
-        self._pending = self._pending.merge(KeySet.build(new.h1, new.h2, None))
+        fresh_by_h1 = by_h1[~seen[by_h1]]
+        added = KeySet.of_sorted(fps.h1[fresh_by_h1], fps.h2[fresh_by_h1])
+        self._pending = self._pending.merge(added)
 
     def _provisional_ordinals(
         self, expiry: ExpiryValues, candidates: np.ndarray, stamps: np.ndarray
@@ -227,12 +234,14 @@ class WindowClassifier:
             stamps = np.concatenate(
                 [p.stamps if p.stamps is not None else np.empty(0, dtype) for p in parts]
             )
-        return NewKeys(
+        joined = NewKeys(
             np.concatenate([p.h1 for p in parts]),
             np.concatenate([p.h2 for p in parts]),
             np.concatenate([p.buckets for p in parts]),
             stamps,
         )
+        self._new = [joined]  # one copy of a large window's keys, not two
+        return joined
 
 
 def _named_leaves(name: str, array: pa.Array) -> list[tuple[str, pa.Array]]:
@@ -246,9 +255,9 @@ def _named_leaves(name: str, array: pa.Array) -> list[tuple[str, pa.Array]]:
     return [(name, leaf) for leaf in key_leaves(array)]
 
 
-def split(batch: pa.RecordBatch, result: BatchResult) -> dict[str, pa.RecordBatch]:
+def split(batch: Rows, result: BatchResult) -> dict[str, Rows]:
     """The rows of each port that has any; error rows gain the reason column."""
-    out: dict[str, pa.RecordBatch] = {}
+    out: dict[str, Rows] = {}
     for port, name in enumerate(PORTS):
         mask = result.ports == port
         if not mask.any():

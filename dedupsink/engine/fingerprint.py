@@ -268,14 +268,15 @@ def _feed_fixed_bytes(state: _State, leaf: pa.Array) -> None:
         state.feed(np.ascontiguousarray(as_words[:, j]))
 
 
-def first_occurrences(fps: Fingerprints) -> np.ndarray:
-    """A mask of the rows that hold the first copy of their fingerprint in this array."""
+def first_occurrences(fps: Fingerprints, order: np.ndarray | None = None) -> np.ndarray:
+    """A mask of the rows that hold the first copy of their fingerprint in this array
+    (``order``: the rows sorted by ``h1``, when the caller has it)."""
     n = len(fps)
     if n == 0:
         return np.zeros(0, dtype=bool)
     # Sorting one lane is several times cheaper than hashing both, and most arrays repeat few
     # fingerprints: only rows whose h1 occurs twice need the exact pass over both lanes.
-    ordered = np.sort(fps.h1)
+    ordered = np.sort(fps.h1) if order is None else fps.h1[order]
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if len(repeated) == 0:
         return np.ones(n, dtype=bool)

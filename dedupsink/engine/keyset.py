@@ -43,6 +43,14 @@ class KeySet:
         return cls(h1, h2, stamps)
 
     @classmethod
+    def of_sorted(cls, h1: np.ndarray, h2: np.ndarray) -> KeySet:
+        """Distinct fingerprints already sorted by h1, as a set without expiry values."""
+        repeated = h1[1:] == h1[:-1]
+        if repeated.any():  # a 64-bit collision: order its run as ``build`` does
+            return cls._settle_repeats(h1, h2, None, repeated)
+        return cls(h1, h2, None)
+
+    @classmethod
     def _settle_repeats(
         cls, h1: np.ndarray, h2: np.ndarray, stamps: np.ndarray | None, repeated: np.ndarray
     ) -> KeySet:
@@ -139,31 +147,41 @@ class KeySet:
         return KeySet(self.h1[keep], self.h2[keep], self.stamps[keep])
 
     def contains(
-        self, fps: Fingerprints, forget_at_or_below: float | None = None, filtered: bool = True
+        self,
+        fps: Fingerprints,
+        forget_at_or_below: float | None = None,
+        filtered: bool = True,
+        presorted: bool = False,
     ) -> np.ndarray:
         """For each query fingerprint: is it here with a stamp above the expiry point?
 
         ``filtered=False`` skips the Bloom filter, for a set replaced before it would repay
-        building one (a bucket's small set of recent keys, rebuilt every window)."""
+        building one (a bucket's small set of recent keys, rebuilt every window);
+        ``presorted``: the queries are sorted by ``h1`` already."""
         found = np.zeros(len(fps), dtype=bool)
         if len(self) == 0 or len(fps) == 0:
             return found
         if filtered and len(self) >= _FILTER_FROM_KEYS:
             rows = np.flatnonzero(self._may_contain(fps.h1))
-            found[rows] = self._search(fps.h1[rows], fps.h2[rows], forget_at_or_below)
+            found[rows] = self._search(fps.h1[rows], fps.h2[rows], forget_at_or_below, presorted)
             return found
-        return self._search(fps.h1, fps.h2, forget_at_or_below)
+        return self._search(fps.h1, fps.h2, forget_at_or_below, presorted)
 
     def _search(
-        self, query_h1: np.ndarray, query_h2: np.ndarray, forget_at_or_below: float | None
+        self,
+        query_h1: np.ndarray,
+        query_h2: np.ndarray,
+        forget_at_or_below: float | None,
+        presorted: bool = False,
     ) -> np.ndarray:
         found = np.zeros(len(query_h1), dtype=bool)
         if len(query_h1) == 0:
             return found
         # numpy's binary search narrows each search by the previous one when the queries are
         # sorted: sorting them first is several times faster than searching in row order.
-        order = np.argsort(query_h1)
-        query_h1, query_h2 = query_h1[order], query_h2[order]
+        order = np.arange(len(query_h1)) if presorted else np.argsort(query_h1)
+        if not presorted:
+            query_h1, query_h2 = query_h1[order], query_h2[order]
         at = np.minimum(np.searchsorted(self.h1, query_h1, side="left"), len(self) - 1)
         same_h1 = self.h1[at] == query_h1
         hit = same_h1 & (self.h2[at] == query_h2)

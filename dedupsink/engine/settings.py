@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import pyarrow as pa
 
@@ -33,6 +33,8 @@ from dedupsink.options import (
 
 Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical"]
 StampKind = Literal["int", "float"]
+# Input rows as the engine takes them: one record batch, or a table of several (a task's chunk).
+Rows: TypeAlias = pa.RecordBatch | pa.Table
 
 ERROR_COLUMN = "_dedup_error"
 TIME_BUCKET_MODES = ("tupleTime", "ordered")
@@ -97,13 +99,14 @@ def find_field(schema: pa.Schema, name: str) -> pa.Field | None:
     return field
 
 
-def column(batch: pa.RecordBatch, name: str) -> pa.Array:
-    """The array of a top-level or dotted nested column (struct nulls propagate to children)."""
-    index = batch.schema.get_field_index(name)
-    if index >= 0:
-        return batch.column(index)
-    parts = name.split(".")
-    array: pa.Array = batch.column(batch.schema.get_field_index(parts[0]))
+def column(rows: Rows, name: str) -> pa.Array:
+    """The array of a top-level or dotted nested column (struct nulls propagate to children), in
+    one piece whatever the chunks of ``rows``."""
+    index = rows.schema.get_field_index(name)
+    parts = [name] if index >= 0 else name.split(".")
+    array = rows.column(rows.schema.get_field_index(parts[0]))
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
     for part in parts[1:]:
         array = pa.compute.struct_field(array, [array.type.get_field_index(part)])
     return array

@@ -332,6 +332,7 @@ def _serve_arrow_from_jemalloc() -> None:
     nothing is changed."""
     if not os.environ.get(_ARROW_POOL_ENV) and "jemalloc" in pa.supported_memory_backends():
         pa.set_memory_pool(pa.jemalloc_memory_pool())
+        pa.jemalloc_set_decay_ms(0)
 
 
 def manager_for(

@@ -188,27 +188,35 @@ def encode_segments(
     h2: np.ndarray,
     stamps: np.ndarray | None,
     file_name: str,
-) -> tuple[bytes, dict[int, Segment]]:
-    """Lay out new keys bucket after bucket; returns the file bytes and each bucket's segment."""
+) -> tuple[bytes | memoryview, dict[int, Segment]]:
+    """Lay out new keys bucket after bucket; returns the file bytes and each bucket's segment.
+
+    The file is filled in place, lane by lane: no per-bucket copies joined twice, which
+    made writing a large window's keys hold four copies of them at once."""
     if len(buckets) == 0:
         return WINDOW_MAGIC, {}
     order = np.argsort(buckets, kind="stable")
-    buckets, h1, h2 = buckets[order], h1[order], h2[order]
-    stamps = None if stamps is None else stamps[order]
+    buckets = buckets[order]
     distinct, starts = np.unique(buckets, return_index=True)
-    ends = [*starts[1:].tolist(), len(buckets)]
-    chunks = [WINDOW_MAGIC]
-    offset = len(WINDOW_MAGIC)
+    ends = np.append(starts[1:], len(buckets))
+    lanes = [h1, h2] if stamps is None else [h1, h2, stamps]
+    width = 8 * len(lanes)
+    head = len(WINDOW_MAGIC)
+    out = np.empty(head + width * len(buckets), dtype=np.uint8)
+    out[:head] = np.frombuffer(WINDOW_MAGIC, dtype=np.uint8)
+    for lane_number, lane in enumerate(lanes):
+        little = lane.dtype.newbyteorder("<")
+        values = lane[order].astype(little, copy=False)
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            at = head + width * start + 8 * (end - start) * lane_number
+            out[at : at + 8 * (end - start)].view(little)[:] = values[start:end]
+    view = out.data
     segments: dict[int, Segment] = {}
-    for bucket, start, end in zip(distinct.tolist(), starts.tolist(), ends, strict=True):
-        parts = [h1[start:end].astype("<u8").tobytes(), h2[start:end].astype("<u8").tobytes()]
-        if stamps is not None:
-            parts.append(stamps[start:end].astype(stamps.dtype.newbyteorder("<")).tobytes())
-        body = b"".join(parts)
-        segments[int(bucket)] = Segment(file_name, offset, len(body), end - start, zlib.crc32(body))
-        chunks.append(body)
-        offset += len(body)
-    return b"".join(chunks), segments
+    for bucket, start, end in zip(distinct.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        offset, length = head + width * start, width * (end - start)
+        crc = zlib.crc32(view[offset : offset + length])
+        segments[int(bucket)] = Segment(file_name, offset, length, end - start, crc)
+    return view, segments
 
 
 def check_segment(

@@ -242,8 +242,9 @@ class Storage:
         if isinstance(data, bytes | bytearray):
             self.fs.pipe_file(path, bytes(data))
             return
+        chunks = [data] if isinstance(data, memoryview) else data  # not its bytes one by one
         with self.fs.open(path, "wb") as handle:
-            for chunk in data:
+            for chunk in chunks:
                 handle.write(chunk)
 
     def open_write(self, path: str) -> IO[bytes]:

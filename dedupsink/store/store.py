@@ -277,8 +277,8 @@ class BucketStore:
 
     def write_window_file(self, name: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         """Write a window file, whole or as chunks in order (no joined copy of large folds)."""
-        self.storage.write(self.data_path(name), data)
         chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+        self.storage.write(self.data_path(name), chunks)
         if self.storage.remote and sum(len(chunk) for chunk in chunks) <= _WRITTEN_FILE_BYTES:
             _remember_written(self.url, name, b"".join(chunks))
 
