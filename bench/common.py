@@ -608,3 +608,71 @@ def dir_bytes(path: Path) -> tuple[int, int]:
 
 def median(values: list[float]) -> float:
     return float(np.median(np.array(values, dtype=np.float64))) if values else float("nan")
+
+
+def python_floor_source() -> Any:
+    """A Python sink that writes each task's Arrow batches to one Parquet file with dedupsink's
+    Parquet settings and commits nothing: what the Python transport alone costs, for
+    ``df.write`` and ``df.writeStream`` alike. Defined here, so Spark pickles the classes by
+    value to its workers."""
+    import uuid
+
+    from pyspark import TaskContext
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+
+    def copy_partition(path: str, iterator: Any) -> WriterCommitMessage:
+        from dedupsink.sink.parquet import open_parquet_writer
+
+        name = f"{path}/part-{TaskContext.get().partitionId()}-{uuid.uuid4().hex}.parquet"
+        Path(path).mkdir(parents=True, exist_ok=True)
+        handle, writer = None, None
+        try:
+            for batch in iterator:
+                if writer is None:  # no file at all for a partition without rows
+                    handle = open(name, "wb")  # noqa: SIM115 (closed in finally)
+                    writer = open_parquet_writer(handle, batch)
+                writer.write_batch(batch)
+        finally:
+            if writer is not None:
+                writer.close()
+            if handle is not None:
+                handle.close()
+        return WriterCommitMessage()
+
+    class ArrowCopyStreamWriter(DataSourceStreamArrowWriter):
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            return copy_partition(self.path, iterator)
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            return None
+
+    class ArrowCopyWriter(DataSourceArrowWriter):
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            return copy_partition(self.path, iterator)
+
+        def commit(self, messages: Any) -> None:
+            return None
+
+    class ArrowCopySource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "python-floor"
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> ArrowCopyStreamWriter:
+            return ArrowCopyStreamWriter(self.options["path"])
+
+        def writer(self, schema: Any, overwrite: bool) -> ArrowCopyWriter:
+            return ArrowCopyWriter(self.options["path"])
+
+    return ArrowCopySource

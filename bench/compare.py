@@ -102,6 +102,7 @@ from common import (
     generate_compare_input,
     median,
     print_machine,
+    python_floor_source,
 )
 
 VARIANTS = (
@@ -213,57 +214,6 @@ def run_variant(
         record |= spark_output_measures(output, query, checkpoint)
     spark.stop()
     return record
-
-
-def python_floor_source() -> Any:
-    """A Python streaming sink that writes each task's Arrow batches to one Parquet file with
-    dedupsink's Parquet settings and commits nothing: what the Python transport alone costs.
-    Defined in the script, so Spark pickles the classes by value to its workers."""
-    import uuid
-
-    from pyspark import TaskContext
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceStreamArrowWriter,
-        WriterCommitMessage,
-    )
-
-    class ArrowCopyWriter(DataSourceStreamArrowWriter):
-        def __init__(self, path: str) -> None:
-            self.path = path
-
-        def write(self, iterator: Any) -> WriterCommitMessage:
-            from dedupsink.sink.ports import open_parquet_writer
-
-            context = TaskContext.get()
-            name = f"{self.path}/part-{context.partitionId()}-{uuid.uuid4().hex}.parquet"
-            Path(self.path).mkdir(parents=True, exist_ok=True)
-            handle, writer = None, None
-            try:
-                for batch in iterator:
-                    if writer is None:  # no file at all for a partition without rows
-                        handle = open(name, "wb")  # noqa: SIM115 (closed in finally)
-                        writer = open_parquet_writer(handle, batch)
-                    writer.write_batch(batch)
-            finally:
-                if writer is not None:
-                    writer.close()
-                if handle is not None:
-                    handle.close()
-            return WriterCommitMessage()
-
-        def commit(self, messages: Any, batchId: int) -> None:
-            return None
-
-    class ArrowCopySource(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "python-floor"
-
-        def streamWriter(self, schema: Any, overwrite: bool) -> ArrowCopyWriter:
-            return ArrowCopyWriter(self.options["path"])
-
-    return ArrowCopySource
 
 
 def progress_durations(progress: list[dict[str, Any]]) -> dict[str, int]:
