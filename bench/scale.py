@@ -162,11 +162,11 @@ def run_day(
     from dedupsink.options import DedupOptions
     from dedupsink.sink.commit import commit_window
     from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
-    from dedupsink.store.cache import bound_process_memory
+    from dedupsink.sink.worker import tune_worker_process
 
     # An executor's first task sets the process's memory policy before it reads any rows; this
     # process builds its windows' rows itself, so it sets the policy before building the first.
-    bound_process_memory()
+    tune_worker_process()
     day = Day(rows_per_batch, resend_fraction, seed, own_time)
     first = day.window(0)
     chosen = sink_options(own_time, rows_per_batch, windows, resend_fraction)

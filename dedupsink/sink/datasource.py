@@ -11,7 +11,6 @@ every commit, on a fresh copy, which is why no state lives on the writer.
 
 from __future__ import annotations
 
-import gc
 import logging
 import re
 import sys
@@ -28,6 +27,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from dedupsink.errors import DedupError, DedupOptionError
+from dedupsink.sink.worker import tune_worker_process
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,14 +57,14 @@ class DedupStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DedupCommitMessage:
         from dedupsink.sink.task import run_task
 
-        _exempt_long_lived_objects_from_gc()
+        tune_worker_process()
         with self.plan.options.masking():
             return DedupCommitMessage(run_task(self.plan, current_task(self.plan), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         from dedupsink.sink.commit import commit_window
 
-        _exempt_long_lived_objects_from_gc()
+        tune_worker_process()
         _log_to_stderr_if_unconfigured()
         summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
         with self.plan.options.masking():
@@ -84,14 +84,14 @@ class DedupBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DedupCommitMessage:
         from dedupsink.sink.task import run_task
 
-        _exempt_long_lived_objects_from_gc()
+        tune_worker_process()
         with self.plan.options.masking():
             return DedupCommitMessage(run_task(self.plan, batch_task(self.plan), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         from dedupsink.sink.commit import commit_window
 
-        _exempt_long_lived_objects_from_gc()
+        tune_worker_process()
         _log_to_stderr_if_unconfigured()
         summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
         with self.plan.options.masking():
@@ -99,23 +99,6 @@ class DedupBatchWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning("dedup batch write %s aborted; nothing was published", self.plan.run)
-
-
-def _exempt_long_lived_objects_from_gc() -> None:
-    """In a Python worker of Spark's daemon, move every object alive now out of the cycle
-    collector's reach (``gc.freeze``).
-
-    The daemon runs a full ``gc.collect()`` after every task, planning call and commit it
-    serves. With pyspark, pyarrow and numpy loaded, that walks some 60,000 module-level objects
-    each time: 10-40 ms of CPU per call, four calls a micro-batch, on cores the tasks need.
-    Frozen, a collection walks only what was created since. Frozen objects are still freed by
-    reference counting; only a reference cycle among them would never be collected, and the
-    daemon has just collected when a call starts. Elsewhere (no daemon, or this sink's code
-    run in an application's own process) nothing is changed."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name == "pyspark.daemon":
-        gc.freeze()
 
 
 def _log_to_stderr_if_unconfigured() -> None:
@@ -204,7 +187,7 @@ class DedupDataSource(DataSource):
 
         from dedupsink.sink.plan import Checks, plan_for
 
-        _exempt_long_lived_objects_from_gc()
+        tune_worker_process()
         arrow_schema = to_arrow_schema(schema, timezone="UTC")
         # Spark plans every micro-batch, and again for its commit: the checks are made once a
         # process, and not for a commit (which checks what it relies on itself).
@@ -216,7 +199,7 @@ class DedupDataSource(DataSource):
 
         from dedupsink.sink.plan import plan_for
 
-        _exempt_long_lived_objects_from_gc()
+        tune_worker_process()
         if overwrite:
             # Spark itself refuses the error and ignore modes for a Python data source; only
             # append and overwrite reach here.

@@ -30,6 +30,7 @@ from dedupsink.sink.compaction import KeysContext, WrittenKeys, choose_folds, wr
 from dedupsink.sink.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
+from dedupsink.sink.worker import tune_worker_process
 from dedupsink.store.cache import BucketManager, CacheInfo, manager_for
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import check_not_fenced
@@ -93,6 +94,7 @@ def run_task(
     plan: SinkPlan, identity: TaskIdentity, batches: Iterator[pa.RecordBatch]
 ) -> TaskSummary:
     started = time.perf_counter()
+    tune_worker_process()
     store, options = plan.store, plan.options
     manifest = store.read() or store.open(plan.settings)
     summary = TaskSummary(identity, manifest.version, manifest.store_id)

@@ -12,16 +12,13 @@ a committed manifest are ever loaded: uncommitted state is never served.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-import pyarrow as pa
 
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import KeySet
@@ -295,45 +292,6 @@ def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest
 _managers: dict[tuple[str, str], BucketManager] = {}
 _managers_lock = threading.Lock()
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-_MMAP_THRESHOLD_BYTES = 1 << 20
-_ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
-
-
-def bound_process_memory() -> None:
-    """Make freed memory leave this process; done when it first caches buckets."""
-    _return_large_frees_to_the_os()
-    _serve_arrow_from_jemalloc()
-
-
-def _return_large_frees_to_the_os() -> None:
-    """Have glibc serve allocations of 1 MiB and more (key arrays) with their own mappings.
-
-    By default glibc raises that threshold to the size of each large block freed, up to 32 MiB,
-    so a growing bucket's arrays move onto the heap, whose freed space stays in the process:
-    the executor's memory then grows well past the cache's bound. A fixed threshold returns
-    every large array to the OS when it is freed. Elsewhere than glibc, nothing is changed."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        return
-
-
-def _serve_arrow_from_jemalloc() -> None:
-    """Make jemalloc this process's Arrow memory pool, unless ``ARROW_DEFAULT_MEMORY_POOL``
-    already chose one.
-
-    pyarrow's default, mimalloc, keeps the pages of freed buffers (Parquet pages, the port
-    splits, Spark's incoming batches) for reuse, and how much it keeps follows the size of a
-    window: over a day of 20,000-row windows its process peaked at 280 MB against 237 MB with
-    jemalloc, which returns unused pages to the OS as they age, at the same speed. The C
-    allocator held as little but was 10% slower. Where pyarrow was built without jemalloc,
-    nothing is changed."""
-    if not os.environ.get(_ARROW_POOL_ENV) and "jemalloc" in pa.supported_memory_backends():
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-        pa.jemalloc_set_decay_ms(0)
-
 
 def manager_for(
     store: BucketStore,
@@ -347,8 +305,6 @@ def manager_for(
     with _managers_lock:
         manager = _managers.get(key)
         bounds = (capacity, max_bytes)
-        if not _managers:
-            bound_process_memory()
         if manager is None or (manager.cache.capacity, manager.cache.max_bytes) != bounds:
             manager = BucketManager(store, BucketCache(capacity, max_bytes), stamp_dtype)
             _managers[key] = manager
