@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,hdfs,test]' --config-settings editable_mode=compat
-	$(VENV)/bin/dedupsink precompile  # PySpark's archive, as Spark's Python workers import it
+	$(PY) tools/precompile_pyspark.py  # bytecode in PySpark's archive, as Spark's workers import it
 	@command -v npm >/dev/null 2>&1 || { echo "npm is needed for the tests' Azure emulator"; exit 2; }
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@$(AZURITE_VERSION)
 	@touch $(STAMP)
@@ -27,13 +27,13 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv and install dedupsink with its dev tools
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy
-	$(VENV)/bin/ruff check dedupsink tests bench pyspark_dedup.py
-	$(VENV)/bin/ruff format --check dedupsink tests bench pyspark_dedup.py
+	$(VENV)/bin/ruff check dedupsink tests bench tools pyspark_dedup.py
+	$(VENV)/bin/ruff format --check dedupsink tests bench tools pyspark_dedup.py
 	$(VENV)/bin/mypy
 
 format: $(STAMP) ## Apply ruff's formatting and safe fixes
-	$(VENV)/bin/ruff check --fix dedupsink tests bench pyspark_dedup.py
-	$(VENV)/bin/ruff format dedupsink tests bench pyspark_dedup.py
+	$(VENV)/bin/ruff check --fix dedupsink tests bench tools pyspark_dedup.py
+	$(VENV)/bin/ruff format dedupsink tests bench tools pyspark_dedup.py
 
 test: $(STAMP) ## The whole suite, Spark and cluster tests included (under 15 minutes)
 	$(PY) -m pytest -q -m "not slow"

@@ -1,5 +1,5 @@
-"""``dedupsink precompile``: bytecode added to a Spark home's Python archives, used by a fresh
-Python process that imports from them, and never used for a module whose source changed."""
+"""``tools/precompile_pyspark.py``: bytecode added to a Spark home's Python archives, used by a
+fresh Python process that imports from them, and never used for a module whose source changed."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dedupsink.cli.main import main
-from dedupsink.cli.precompile import modules_without_bytecode
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+from precompile_pyspark import main, modules_without_bytecode
 
 MODULES = {
     "pkgx/__init__.py": "",
@@ -48,7 +49,7 @@ def test_adds_bytecode_that_a_fresh_process_imports(
 ) -> None:
     archive = make_spark_home(tmp_path)
     assert modules_without_bytecode(archive) == 3
-    assert main(["precompile", "--spark-home", str(tmp_path)]) == 0
+    assert main(["--spark-home", str(tmp_path)]) == 0
     assert "2 modules compiled" in capsys.readouterr().out
     assert modules_without_bytecode(archive) == 1  # broken.py, left as source
     with zipfile.ZipFile(archive) as compiled:
@@ -65,16 +66,16 @@ def test_a_second_run_leaves_the_archive_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     archive = make_spark_home(tmp_path)
-    main(["precompile", "--spark-home", str(tmp_path)])
+    main(["--spark-home", str(tmp_path)])
     before = archive.read_bytes()
-    assert main(["precompile", "--spark-home", str(tmp_path)]) == 0
+    assert main(["--spark-home", str(tmp_path)]) == 0
     assert "already compiled" in capsys.readouterr().out.splitlines()[-1]
     assert archive.read_bytes() == before
 
 
 def test_bytecode_is_never_used_for_a_changed_source(tmp_path: Path) -> None:
     archive = make_spark_home(tmp_path)
-    main(["precompile", "--spark-home", str(tmp_path)])
+    main(["--spark-home", str(tmp_path)])
     edited = tmp_path / "edited.zip"
     with zipfile.ZipFile(archive) as old, zipfile.ZipFile(edited, "w") as new:
         for entry in old.infolist():
@@ -86,7 +87,7 @@ def test_bytecode_is_never_used_for_a_changed_source(tmp_path: Path) -> None:
 def test_spark_home_without_archives_names_the_option(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["precompile", "--spark-home", str(tmp_path)]) == 2
+    assert main(["--spark-home", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert f"Spark home {tmp_path} (from --spark-home)" in error
     assert str(tmp_path / "python" / "lib") in error
@@ -97,6 +98,6 @@ def test_an_unreadable_archive_is_a_one_line_error_and_left_alone(
 ) -> None:
     archive = make_spark_home(tmp_path)
     archive.write_bytes(b"not a zip")
-    assert main(["precompile", "--spark-home", str(tmp_path)]) == 1
+    assert main(["--spark-home", str(tmp_path)]) == 1
     assert f"{archive} is not a readable zip archive" in capsys.readouterr().err
     assert archive.read_bytes() == b"not a zip"

@@ -1,4 +1,4 @@
-"""The ``dedupsink`` command: ``run``, ``inspect``, ``validate``, ``release`` and ``precompile``.
+"""The ``dedupsink`` command: ``run``, ``inspect``, ``validate``, and ``release``.
 
 Exit codes: 0 success, 1 a runtime failure (store owned by another query, a corrupt file, a
 failed query), 2 a usage, config or option error, 130 interrupted. Errors are one line on
@@ -19,7 +19,6 @@ from dedupsink.cli.config import SPARK_PREFIX, load_config
 from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.inspect import locate, render, report, settings_text, to_json
 from dedupsink.cli.job import PreparedJob, prepare
-from dedupsink.cli.precompile import precompile_archive, spark_python_archives
 from dedupsink.cli.run import checkpoint_for, run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
@@ -57,12 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("path", metavar="PATH", help="an output path or a store path")
     release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     _add_storage(release)
-    precompile = commands.add_parser(
-        "precompile", help="add bytecode to the PySpark archives Spark's Python workers import"
-    )
-    precompile.add_argument(
-        "--spark-home", metavar="DIR", help="Spark's home (default: $SPARK_HOME, else pyspark's)"
-    )
     return parser
 
 
@@ -170,18 +163,11 @@ def cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_precompile(args: argparse.Namespace) -> int:
-    for archive in spark_python_archives(args.spark_home):
-        print(precompile_archive(archive).describe())
-    return 0
-
-
 COMMANDS = {
     "run": cmd_run,
     "validate": cmd_validate,
     "inspect": cmd_inspect,
     "release": cmd_release,
-    "precompile": cmd_precompile,
 }
 
 

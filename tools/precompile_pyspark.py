@@ -1,4 +1,4 @@
-"""``dedupsink precompile``: add bytecode to the PySpark archives Spark's Python workers import.
+"""Add bytecode to the PySpark archives Spark's Python workers import: an image-build step.
 
 Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` and py4j's zip first on the path of every
 Python process it starts (task workers, and the short-lived processes that plan and commit a
@@ -13,11 +13,16 @@ hash-checked against the source in the archive, so it can never be used for a ch
 module, and a Python of another version ignores it and compiles the source as before.
 Run it when no Spark application uses the installation (at install or image-build time): a
 running Python process reads modules from the archive at the offsets it indexed when it
-started.
+started. It is not part of dedupsink: it speeds the start of every PySpark Python worker,
+whatever the job (``make install`` runs it on the development venv).
+
+Usage: ``python tools/precompile_pyspark.py [--spark-home DIR]``; exit status 2 for a Spark
+home without archives, 1 for an archive it cannot read (left as it is).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import sys
@@ -27,15 +32,14 @@ from dataclasses import dataclass
 from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
 from pathlib import Path
 
-from dedupsink.cli.errors import ConfigError
-from dedupsink.errors import DedupError
 
-__all__ = [
-    "ArchiveReport",
-    "modules_without_bytecode",
-    "precompile_archive",
-    "spark_python_archives",
-]
+class UsageError(Exception):
+    """No archives where Spark's home should have them (exit status 2)."""
+
+
+class ArchiveError(Exception):
+    """An archive that cannot be read (exit status 1)."""
+
 
 SPARK_HOME_ENV = "SPARK_HOME"
 
@@ -72,8 +76,7 @@ def spark_python_archives(spark_home: str | None = None) -> list[Path]:
     lib = Path(home, "python", "lib")
     archives = sorted(lib.glob("*.zip"))
     if not archives:
-        raise ConfigError(
-            "--spark-home",
+        raise UsageError(
             f"Spark home {home} (from {origin}) has no Python archives in {lib}: "
             "expected pyspark.zip; give --spark-home",
         )
@@ -84,7 +87,7 @@ def _pyspark_package_dir() -> str:
     # find_spec locates the package without importing it (and so without starting anything).
     spec = importlib.util.find_spec("pyspark")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("--spark-home", "pyspark is not installed here: give --spark-home")
+        raise UsageError("pyspark is not installed here: give --spark-home")
     return str(spec.submodule_search_locations[0])
 
 
@@ -101,7 +104,7 @@ def precompile_archive(path: Path) -> ArchiveReport:
             if compiled:
                 _rewrite(archive, path, compiled)
     except zipfile.BadZipFile as exc:
-        raise DedupError(f"{path} is not a readable zip archive ({exc}); left as it is") from exc
+        raise ArchiveError(f"{path} is not a readable zip archive ({exc}); left as it is") from exc
     return ArchiveReport(path, len(compiled), len(pending) - len(compiled))
 
 
@@ -150,3 +153,25 @@ def _bytecode(source: bytes, filename: str) -> bytes | None:
             return None
     # The helper py_compile uses for its hash-based invalidation mode.
     return bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--spark-home", metavar="DIR", help="Spark's home (default: $SPARK_HOME, else pyspark's)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        for archive in spark_python_archives(args.spark_home):
+            print(precompile_archive(archive).describe())
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ArchiveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
