@@ -325,3 +325,77 @@ def test_a_backfill_run_twice_puts_every_row_in_duplicate_or_expired(
     assert summary.this_run == second and summary.batches == 1
     assert second["unique"] == 0 and second["duplicate"] + second["expired"] > 0
     assert inspect_json(out)["windows"] == 2
+
+
+# -- the CLI's DDL parser against Spark's own ----------------------------------------------------
+
+# validate checks a job without starting a JVM, so the CLI parses source schemas itself; these
+# cases keep its parser and Spark's in step (a pyspark upgrade that changes the grammar fails
+# here first).
+SAME_AS_SPARK = [
+    "b BOOLEAN, t TINYINT, y BYTE, s SMALLINT, h SHORT, i INT, n INTEGER, l BIGINT, g LONG",
+    "f FLOAT, r REAL, d DOUBLE, s STRING, b BINARY, d2 DATE",
+    "t TIMESTAMP, l TIMESTAMP_LTZ, n TIMESTAMP_NTZ",
+    "d DECIMAL(10, 2), e DEC(5), n NUMERIC, m DECIMAL(38,38)",
+    "c CHAR(3), v VARCHAR(10), w CHARACTER(2)",
+    "a ARRAY<INT>, m MAP<STRING, ARRAY<BIGINT>>, s STRUCT<x: INT, `y z`: STRING>",
+    "s STRUCT<inner: STRUCT<deep: ARRAY<MAP<INT, STRING>>>>",
+    "`a b` INT NOT NULL COMMENT 'the a', `x``y` STRING, `dotted.name` DOUBLE",
+    "id bigint, Name string, TS timestamp",
+    "a: INT, b: STRING",
+]
+REFUSED_BY_BOTH = ["a ARRAY<INT", "a BIGINT,", "a INT)", "a DECIMAL(40, 2)", "a NOSUCHTYPE"]
+
+
+def _as_the_stream_sees_it(kind: Any) -> Any:
+    """Spark's parsed type as a streaming source reads it: CHAR and VARCHAR as STRING, no
+    comments (the CLI keeps none)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        CharType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        VarcharType,
+    )
+
+    if isinstance(kind, CharType | VarcharType):
+        return StringType()
+    if isinstance(kind, ArrayType):
+        return ArrayType(_as_the_stream_sees_it(kind.elementType), kind.containsNull)
+    if isinstance(kind, MapType):
+        key, value = (_as_the_stream_sees_it(t) for t in (kind.keyType, kind.valueType))
+        return MapType(key, value, kind.valueContainsNull)
+    if isinstance(kind, StructType):
+        return StructType(
+            [
+                StructField(f.name, _as_the_stream_sees_it(f.dataType), f.nullable)
+                for f in kind.fields
+            ]
+        )
+    return kind
+
+
+@pytest.mark.parametrize("text", SAME_AS_SPARK)
+def test_the_cli_parses_a_schema_as_spark_does(spark: Any, text: str) -> None:
+    from pyspark.sql.types import DataType
+
+    from dedupsink.cli.ddl import parse_schema
+
+    ours = _as_the_stream_sees_it(parse_schema(text))
+    assert ours == _as_the_stream_sees_it(DataType.fromDDL(text))
+
+
+@pytest.mark.parametrize("text", REFUSED_BY_BOTH)
+def test_the_cli_refuses_a_schema_spark_refuses(spark: Any, text: str) -> None:
+    from pyspark.errors import PySparkException
+    from pyspark.sql.types import DataType
+
+    from dedupsink.cli.ddl import parse_schema
+    from dedupsink.cli.errors import ConfigError
+
+    with pytest.raises(PySparkException):
+        DataType.fromDDL(text)
+    with pytest.raises(ConfigError):
+        parse_schema(text)
