@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from dedupsink.errors import DedupError, DedupOptionError
 
@@ -58,22 +58,6 @@ BOOLEAN_ACCEPTED = "true or false"
 # each bucket small while one expiry period of history needs few files per bucket.
 BUCKETS_PER_PERIOD_DEFAULT = 16
 
-SINK_OPTIONS = (
-    PATH,
-    KEYS,
-    EXPIRY_KEY,
-    EXPIRY_MODE,
-    EXPIRY_PERIOD,
-    BUCKET_SPAN,
-    NUM_BUCKETS,
-    MAX_CACHED_BUCKETS,
-    MAX_CACHE_MEMORY,
-    MAX_EXPIRY_JUMP,
-    STORE_PATH,
-    OUTPUT_FORMAT,
-    OWNER_TIMEOUT,
-    ASSUME_SAME_EXPIRY,
-)
 # Options Spark itself puts in a sink's option map; they are Spark's business, not ours.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname", "__checkpointlocation"})
 
@@ -249,46 +233,15 @@ class DedupOptions:
             value = given.get(name.lower())
             return None if value is None or value.strip() == "" else value.strip()
 
-        path = text(PATH)
-        if path is None:
+        if text(PATH) is None:
             raise DedupOptionError(
                 PATH, None, "the output directory URL, e.g. /data/out or hdfs://nn:8020/out"
             )
-        mode_text = text(EXPIRY_MODE)
-        mode = parse_choice(EXPIRY_MODE, mode_text, EXPIRY_MODES) if mode_text else None
-        values: dict[str, object] = {"path": path.rstrip("/") or "/", "storage_options": storage}
-        optional_parsers: dict[str, tuple[str, Callable[[str], object]]] = {
-            KEYS: ("keys", lambda v: parse_columns(KEYS, v)),
-            EXPIRY_KEY: ("expiry_key", lambda v: v),
-            EXPIRY_PERIOD: ("expiry_period", lambda v: parse_span(EXPIRY_PERIOD, v)),
-            BUCKET_SPAN: ("bucket_span", lambda v: parse_span(BUCKET_SPAN, v)),
-            NUM_BUCKETS: ("num_buckets", lambda v: parse_positive_int(NUM_BUCKETS, v)),
-            MAX_CACHED_BUCKETS: (
-                "max_cached_buckets",
-                lambda v: parse_positive_int(MAX_CACHED_BUCKETS, v),
-            ),
-            MAX_CACHE_MEMORY: (
-                "max_cache_memory",
-                lambda v: parse_size(MAX_CACHE_MEMORY, v),
-            ),
-            MAX_EXPIRY_JUMP: ("max_expiry_jump", lambda v: parse_span(MAX_EXPIRY_JUMP, v)),
-            STORE_PATH: ("store_path", lambda v: v.rstrip("/")),
-            OUTPUT_FORMAT: (
-                "output_format",
-                lambda v: parse_choice(OUTPUT_FORMAT, v, OUTPUT_FORMATS),
-            ),
-            OWNER_TIMEOUT: ("owner_timeout", lambda v: parse_duration(OWNER_TIMEOUT, v)),
-            ASSUME_SAME_EXPIRY: (
-                "assume_same_expiry",
-                lambda v: parse_bool(ASSUME_SAME_EXPIRY, v),
-            ),
-        }
-        for option, (attribute, parser) in optional_parsers.items():
-            value = text(option)
+        values: dict[str, object] = {"storage_options": storage}
+        for spec in OPTION_SPECS:
+            value = text(spec.name)
             if value is not None:
-                values[attribute] = parser(value)
-        if mode is not None:
-            values["expiry_mode"] = mode
+                values[spec.attribute] = spec.parse(spec.name, value)
         options = cls(**values)  # type: ignore[arg-type]
         options._check_combinations()
         return options
@@ -330,24 +283,11 @@ class DedupOptions:
     def to_strings(self) -> dict[str, str]:
         """The options back as Spark strings (for the CLI and for logs); storage options are
         shown by name only, their values masked."""
-        out = {PATH: self.path, STORE_PATH: self.store_path, NUM_BUCKETS: str(self.num_buckets)}
-        out[MAX_CACHED_BUCKETS] = str(self.max_cached_buckets)
-        out[MAX_CACHE_MEMORY] = self.max_cache_memory.text
-        out[OUTPUT_FORMAT] = self.output_format
-        out[OWNER_TIMEOUT] = self.owner_timeout.text
-        if self.keys is not None:
-            out[KEYS] = ",".join(self.keys)
-        if self.assume_same_expiry is not None:
-            out[ASSUME_SAME_EXPIRY] = bool_text(self.assume_same_expiry)
-        for option, value in (
-            (EXPIRY_KEY, self.expiry_key),
-            (EXPIRY_MODE, self.expiry_mode),
-            (EXPIRY_PERIOD, self.expiry_period.text if self.expiry_period else None),
-            (BUCKET_SPAN, self.bucket_span.text if self.bucket_span else None),
-            (MAX_EXPIRY_JUMP, self.max_expiry_jump.text if self.max_expiry_jump else None),
-        ):
+        out = {}
+        for spec in OPTION_SPECS:
+            value = getattr(self, spec.attribute)
             if value is not None:
-                out[option] = value
+                out[spec.name] = spec.show(value)
         for name in self.storage_options:
             out[STORAGE_OPTION_PREFIX + name] = MASK
         return out
@@ -367,6 +307,44 @@ class DedupOptions:
             if masked != str(exc):
                 exc.args = (masked,)
             raise
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One sink option: its name as users write it, the ``DedupOptions`` field it sets, how its
+    text is parsed (naming the option on failure) and how a value is written back."""
+
+    name: str
+    attribute: str
+    parse: Callable[[str, str], object]
+    show: Callable[[Any], str] = str
+
+
+def _text_of(value: Span | Size) -> str:
+    return value.text
+
+
+OPTION_SPECS: tuple[OptionSpec, ...] = (
+    OptionSpec(PATH, "path", lambda _, text: text.rstrip("/") or "/"),
+    OptionSpec(KEYS, "keys", parse_columns, ",".join),
+    OptionSpec(EXPIRY_KEY, "expiry_key", lambda _, text: text),
+    OptionSpec(
+        EXPIRY_MODE, "expiry_mode", lambda name, text: parse_choice(name, text, EXPIRY_MODES)
+    ),
+    OptionSpec(EXPIRY_PERIOD, "expiry_period", parse_span, _text_of),
+    OptionSpec(BUCKET_SPAN, "bucket_span", parse_span, _text_of),
+    OptionSpec(NUM_BUCKETS, "num_buckets", parse_positive_int),
+    OptionSpec(MAX_CACHED_BUCKETS, "max_cached_buckets", parse_positive_int),
+    OptionSpec(MAX_CACHE_MEMORY, "max_cache_memory", parse_size, _text_of),
+    OptionSpec(MAX_EXPIRY_JUMP, "max_expiry_jump", parse_span, _text_of),
+    OptionSpec(STORE_PATH, "store_path", lambda _, text: text.rstrip("/")),
+    OptionSpec(
+        OUTPUT_FORMAT, "output_format", lambda name, text: parse_choice(name, text, OUTPUT_FORMATS)
+    ),
+    OptionSpec(OWNER_TIMEOUT, "owner_timeout", parse_duration, _text_of),
+    OptionSpec(ASSUME_SAME_EXPIRY, "assume_same_expiry", parse_bool, bool_text),
+)
+SINK_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
 
 
 def is_storage_option(name: str) -> bool:
