@@ -14,11 +14,11 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 help: ## Show the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found; set PYTHON=...)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,hdfs,test]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,hdfs,test]' --config-settings editable_mode=compat
 	$(PY) tools/precompile_pyspark.py  # bytecode in PySpark's archive, as Spark's workers import it
 	@command -v npm >/dev/null 2>&1 || { echo "npm is needed for the tests' Azure emulator"; exit 2; }
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@$(AZURITE_VERSION)
