@@ -32,16 +32,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CompareSpec, generate_compare_input, print_machine, python_floor_source
+from common import (
+    CompareSpec,
+    WorkerPeaks,
+    generate_compare_input,
+    print_machine,
+    python_floor_source,
+)
 
 RESULT = "RESULT "
 PORTS = ("unique", "duplicate", "expired", "error")
@@ -81,50 +84,6 @@ def child(variant: str, input_dir: str, output: str, cache_memory: str) -> None:
     seconds = time.perf_counter() - started
     spark.stop()
     print(RESULT + json.dumps({"seconds": seconds, "partitions": partitions}), flush=True)
-
-
-class WorkerPeaks:
-    """The peak resident set (``VmHWM``) of every Python process below a root, sampled while
-    they live (a worker's peak is lost once it exits)."""
-
-    def __init__(self, root: int) -> None:
-        self.root = psutil.Process(root)
-        self.peaks: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> WorkerPeaks:
-        self._thread.start()
-        return self
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peaks.values(), default=0)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            try:
-                children = self.root.children(recursive=True)
-            except psutil.NoSuchProcess:
-                return
-            for process in children:
-                try:
-                    if process.name().startswith("python"):
-                        self.peaks[process.pid] = max(
-                            self.peaks.get(process.pid, 0), _hwm(process.pid)
-                        )
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-
-
-def _hwm(pid: int) -> int:
-    """The kernel's peak resident set of a process (psutil reports the current one only)."""
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def launch(variant: str, input_dir: Path, cache_memory: str) -> dict[str, Any]:

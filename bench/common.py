@@ -5,10 +5,9 @@
   over rows). Re-sends are copies of earlier rows, exact or (``resend_times="later"``) stamped
   with their own later send time, so the generator knows the truth: the first copy of each id
   is its unique row.
-* Memory (``TreeSampler``, ``vm_hwm``): resident set sizes read from ``/proc`` — the sum of
-  ``VmRSS`` over a process and all its descendants (a Spark driver's JVM and its Python
-  workers), sampled a few times a second, and the kernel's own high-water mark ``VmHWM`` of one
-  process.
+* Memory (``TreeSampler``, ``WorkerPeaks``, ``vm_hwm``): resident set sizes through psutil —
+  the sum over a process and all its descendants (a Spark driver's JVM and its Python workers),
+  sampled a few times a second, and the kernel's own high-water mark ``VmHWM`` of one process.
 * Machine facts (``machine_facts``, ``load_average``): for the results file.
 """
 
@@ -20,6 +19,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -332,106 +333,70 @@ def _event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndar
 # -- memory ----------------------------------------------------------------------------------
 
 
-def _status_kb(pid: int, field: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
-
-
 def vm_hwm(pid: int | None = None) -> int:
-    """The peak resident set size of one process, in bytes (the kernel's ``VmHWM``)."""
-    return _status_kb(os.getpid() if pid is None else pid, "VmHWM") * 1024
-
-
-def vm_rss(pid: int | None = None) -> int:
-    return _status_kb(os.getpid() if pid is None else pid, "VmRSS") * 1024
-
-
-def descendants(root: int) -> list[int]:
-    """``root`` and every process below it, from the parent ids in ``/proc/<pid>/stat``.
-
-    A child the JVM is spawning (``posix_spawn``) shares the JVM's memory until it executes its
-    program; it would count the JVM twice, so a ``java`` child of a ``java`` process is skipped.
-    """
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        # The command name may hold spaces or parentheses: fields resume after the last ')'.
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        parent_exe = _exe(pid)
-        for child in children.get(pid, []):
-            if parent_exe.endswith("/java") and _exe(child) == parent_exe:
-                continue
-            todo.append(child)
-    return found
-
-
-def _exe(pid: int) -> str:
+    """The peak resident set size of one process, in bytes: the kernel's ``VmHWM``, which
+    psutil does not report (it has the current size only)."""
     try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return ""
-
-
-def vm_pss(pid: int) -> int:
-    """Proportional set size: shared pages divided among the processes sharing them."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as handle:
+        with open(f"/proc/{os.getpid() if pid is None else pid}/status") as handle:
             for line in handle:
-                if line.startswith("Pss:"):
+                if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
     return 0
 
 
-def process_name(pid: int) -> str:
+def vm_rss(pid: int | None = None) -> int:
     try:
-        with open(f"/proc/{pid}/comm") as handle:
-            return handle.read().strip()
-    except (FileNotFoundError, ProcessLookupError):
-        return "?"
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
+
+
+def process_tree(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and every process below it.
+
+    A child the JVM is spawning (``posix_spawn``) shares the JVM's memory until it executes its
+    program; it would count the JVM twice, so a ``java`` child of a ``java`` process is skipped.
+    """
+    try:
+        below = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = [root]
+    for process in below:
+        try:
+            if process.name() == "java" and process.parent().name() == "java":
+                continue
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            continue
+        found.append(process)
+    return found
 
 
 class TreeSampler:
-    """Samples the summed ``VmRSS`` and ``Pss`` of a process tree in a background thread.
+    """Samples the summed ``rss`` and ``pss`` of a process tree in a background thread.
 
-    The ``VmRSS`` sum counts pages shared between processes (forked Python workers share their
+    The ``rss`` sum counts pages shared between processes (forked Python workers share their
     interpreter and modules copy-on-write) once per process, so it is an upper bound of the
-    tree's footprint; the ``Pss`` sum divides shared pages among their sharers and is the
-    footprint. ``peak_by_name`` keeps each command name's own ``VmRSS`` peak (``java`` is the
+    tree's footprint; the ``pss`` sum divides shared pages among their sharers and is the
+    footprint. ``peak_by_name`` keeps each command name's own ``rss`` peak (``java`` is the
     driver JVM, ``python`` the driver and the Python workers together).
 
-    ``Pss`` comes from ``smaps_rollup``, which walks a process's page tables: for a JVM with a
-    large heap that costs real CPU, so it is read only every ``pss_every``-th sample (its peak
-    may be missed by up to that interval); ``VmRSS`` (``status``) is cheap and read every time.
+    ``pss`` walks a process's page tables: for a JVM with a large heap that costs real CPU, so
+    it is read only every ``pss_every``-th sample (its peak may be missed by up to that
+    interval); ``rss`` is cheap and read every time.
     """
 
     def __init__(self, root: int | None = None, interval: float = 0.2, pss_every: int = 10) -> None:
-        self.root = os.getpid() if root is None else root
+        self.root = psutil.Process(root)
         self.interval = interval
         self.pss_every = pss_every
         self._samples = 0
         self.peak_total = 0
         self.peak_pss = 0
         self.peak_by_name: dict[str, int] = {}
-        self._cpu_ticks: dict[tuple[int, int], int] = {}
+        self._cpu: dict[tuple[int, float], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -450,15 +415,18 @@ class TreeSampler:
         by_name: dict[str, int] = {}
         with_pss = self._samples % self.pss_every == 0
         self._samples += 1
-        for pid in descendants(self.root):
-            ticks = cpu_ticks(pid)
-            if ticks is not None:
-                self._cpu_ticks[(pid, ticks[0])] = ticks[1]
-            rss = vm_rss(pid)
+        for process in process_tree(self.root):
+            try:
+                with process.oneshot():
+                    times = process.cpu_times()
+                    self._cpu[(process.pid, process.create_time())] = times.user + times.system
+                    rss = process.memory_info().rss
+                    name = process.name()
+                if with_pss:
+                    pss += process.memory_full_info().pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
             total += rss
-            if with_pss:
-                pss += vm_pss(pid)
-            name = process_name(pid)
             by_name[name] = by_name.get(name, 0) + rss
         self.peak_total = max(self.peak_total, total)
         self.peak_pss = max(self.peak_pss, pss)
@@ -474,19 +442,37 @@ class TreeSampler:
 
         A process that ended between two samples loses its CPU after its last sample.
         """
-        return sum(self._cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
+        return sum(self._cpu.values())
 
 
-def cpu_ticks(pid: int) -> tuple[int, int] | None:
-    """(start time, user + system clock ticks) of a process, from ``/proc/<pid>/stat``."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # After the command: state(3) ppid(4) ... utime(14) stime(15) ... starttime(22).
-    return int(fields[19]), int(fields[11]) + int(fields[12])
+class WorkerPeaks:
+    """The peak resident set (``VmHWM``) of every Python process below a root, sampled while
+    they live (a worker's peak is lost once it exits)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = psutil.Process(root)
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> WorkerPeaks:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peaks.values(), default=0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for process in process_tree(self.root)[1:]:
+                try:
+                    if process.name().startswith("python"):
+                        peak = max(self.peaks.get(process.pid, 0), vm_hwm(process.pid))
+                        self.peaks[process.pid] = peak
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
 
 
 class LoadSampler:
@@ -574,14 +560,14 @@ def code_revision() -> str:
 
 
 def pyspark_archive_bytecode() -> str:
-    """Whether Spark's Python workers import PySpark from bytecode (``dedupsink precompile``):
-    without it each Python process Spark starts compiles PySpark, some 0.3 s."""
-    from dedupsink.cli.precompile import modules_without_bytecode, spark_python_archives
-    from dedupsink.errors import DedupError
+    """Whether Spark's Python workers import PySpark from bytecode (tools/precompile_pyspark.py,
+    run by ``make install``): without it each Python process Spark starts compiles PySpark."""
+    sys.path.insert(0, str(BENCH_DIR.parent / "tools"))
+    from precompile_pyspark import UsageError, modules_without_bytecode, spark_python_archives
 
     try:
         missing = sum(modules_without_bytecode(archive) for archive in spark_python_archives())
-    except DedupError:
+    except UsageError:
         return "no archive"
     return "yes" if missing == 0 else f"no ({missing:,} modules without)"
 

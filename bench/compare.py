@@ -277,20 +277,17 @@ def dedupsink_measures(output: Path) -> dict[str, Any]:
 def profile_sink(
     input_dir: Path, files_per_trigger: int, rows: int, flat: bool, variant: str
 ) -> None:
-    """Drive run_task + commit_window over the input as Spark would, under pyinstrument."""
+    """Drive the sink's tasks and commits over the input as Spark would, under pyinstrument."""
     import pyarrow.parquet as pq
     from pyinstrument import Profiler
 
-    from dedupsink.engine.settings import resolve
-    from dedupsink.options import DedupOptions
-    from dedupsink.sink.commit import commit_window
-    from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+    from dedupsink.sink.local import LocalSink
 
     files = sorted(input_dir.glob("*.parquet"))
     tables = [pq.read_table(f) for f in files]
     work = Path(tempfile.mkdtemp(prefix="profile-", dir=DATA_DIR))
-    options = DedupOptions.parse({"path": str(work / "out"), **SINK_OPTIONS[variant]})
-    plan = SinkPlan(options, resolve(options, tables[0].schema), tables[0].schema)
+    options = {"path": str(work / "out"), **SINK_OPTIONS[variant]}
+    sink = LocalSink(options, tables[0].schema, query_id="profile")
     task_s = classify_s = commit_s = 0.0
     profiler = Profiler(interval=0.001)
     started = time.perf_counter()
@@ -299,14 +296,12 @@ def profile_sink(
         for batch_id, first in enumerate(range(0, len(tables), files_per_trigger)):
             summaries = []
             for partition, table in enumerate(tables[first : first + files_per_trigger]):
-                batches = table.to_batches(max_chunksize=10_000)
-                identity = TaskIdentity("profile", batch_id, partition, 0)
-                summary = run_task(plan, identity, iter(batches))
+                summary = sink.task(batch_id, partition, table.to_batches(max_chunksize=10_000))
                 task_s += summary.seconds
                 classify_s += summary.classify_seconds
                 summaries.append(summary)
             tick = time.perf_counter()
-            commit_window(plan, summaries, batch_id)
+            sink.commit(batch_id, summaries)
             commit_s += time.perf_counter() - tick
     finally:
         profiler.stop()

@@ -25,10 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from dedupsink.engine.settings import resolve
-from dedupsink.options import DedupOptions
-from dedupsink.sink.commit import commit_window
-from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+from dedupsink.sink.local import LocalSink
 
 EPOCH_2024_US = 1_704_067_200_000_000
 
@@ -60,21 +57,21 @@ def run(rows: int, window: int, mode: str) -> tuple[float, float]:
         raw = {"path": str(Path(tmp) / "out"), "keys": "id"}
         if mode == "tupleTime":
             raw |= {"expiryKey": "event_time", "expiryPeriod": "1 hour", "maxCachedBuckets": "64"}
-        options = DedupOptions.parse(raw)
-        plan = SinkPlan(options, resolve(options, table.schema), table.schema)
+        sink = LocalSink(raw, table.schema, query_id="bench")
         classify_s = task_s = 0.0
         warm_rows = 0
         for batch_id, start in enumerate(range(0, rows, window)):
             chunk = table.slice(start, window).to_batches(max_chunksize=10_000)
-            summary = run_task(plan, TaskIdentity("bench", batch_id, 0, 0), iter(chunk))
-            commit_window(plan, [summary], batch_id)
+            summary = sink.task(batch_id, 0, chunk)
+            sink.commit(batch_id, [summary])
             if batch_id > 0:
                 classify_s += summary.classify_seconds
                 task_s += summary.seconds
                 warm_rows += sum(b.num_rows for b in chunk)
-        manifest = plan.store.read()
+        store = sink.plan.store
+        manifest = store.read()
         assert manifest is not None
-        files, data_bytes = plan.store.disk_usage()
+        files, data_bytes = store.disk_usage()
         manifest_bytes = len(manifest.to_bytes())
         remembered = manifest.remembered_keys
         totals = manifest.totals

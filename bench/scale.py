@@ -85,7 +85,7 @@ from common import (
 )
 
 if TYPE_CHECKING:
-    from dedupsink.sink.ports import Output
+    from dedupsink.sink.output import Output
 
 MINUTE_US = 60_000_000
 CHECKPOINTS = (10, 100, 720, 1440)
@@ -158,10 +158,7 @@ def run_day(
     keep_port_cache: bool = False,
     own_time: bool = False,
 ) -> dict[str, Any]:
-    from dedupsink.engine.settings import resolve
-    from dedupsink.options import DedupOptions
-    from dedupsink.sink.commit import commit_window
-    from dedupsink.sink.task import SinkPlan, TaskIdentity, run_task
+    from dedupsink.sink.local import LocalSink
     from dedupsink.sink.worker import tune_worker_process
 
     # An executor's first task sets the process's memory policy before it reads any rows; this
@@ -170,8 +167,8 @@ def run_day(
     day = Day(rows_per_batch, resend_fraction, seed, own_time)
     first = day.window(0)
     chosen = sink_options(own_time, rows_per_batch, windows, resend_fraction)
-    options = DedupOptions.parse({"path": str(work / "out"), **chosen})
-    plan = SinkPlan(options, resolve(options, first.schema), first.schema)
+    sink = LocalSink({"path": str(work / "out"), **chosen}, first.schema, query_id="scale")
+    plan = sink.start()
     baseline_rss = vm_rss()
     seconds = np.zeros(windows)
     classify = np.zeros(windows)
@@ -190,8 +187,8 @@ def run_day(
             profiler.start()
         batches = table.to_batches(max_chunksize=10_000)
         started = time.perf_counter()
-        summary = run_task(plan, TaskIdentity("scale", index, 0, 0), iter(batches))
-        commit_window(plan, [summary], index)
+        summary = sink.task(index, 0, batches)
+        sink.commit(index, [summary])
         seconds[index] = time.perf_counter() - started
         classify[index], task[index] = summary.classify_seconds, summary.seconds
         if not keep_port_cache:
