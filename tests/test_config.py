@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql.types import (
     ArrayType,
@@ -31,6 +32,7 @@ from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.job import prepare
 from dedupsink.cli.main import main
 from dedupsink.cli.run import checkpoint_for, failure_of, spark_master
+from dedupsink.sink.local import LocalSink
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner
@@ -429,3 +431,24 @@ def test_query_failure_is_one_line_with_the_dedup_error() -> None:
     )
     other = failure_of(RuntimeError("\n[STREAM_FAILED] something else\nmore"))
     assert (str(other), other.exit_code) == ("[STREAM_FAILED] something else", 1)
+
+
+def test_repair_rewrites_a_damaged_sink_log_entry_and_a_dry_run_only_reports_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    sink = LocalSink({"path": str(out), "keys": "id"}, pa.schema([("id", pa.int64())]))
+    for batch in range(3):
+        sink.window(batch, pa.table({"id": pa.array([batch, batch + 10], pa.int64())}))
+    entry = out / "unique" / "_spark_metadata" / "1"
+    intact = entry.read_text()
+    entry.write_text(intact.replace("v1\n", "", 1))
+
+    assert main(["repair", str(out), "--dry-run"]) == 0
+    assert f"would rewrite unique log entry 1: {entry}" in capsys.readouterr().out
+    assert entry.read_text() != intact
+    assert main(["repair", str(out)]) == 0
+    assert "rewrote unique log entry 1" in capsys.readouterr().out
+    assert entry.read_text() == intact
+    assert main(["repair", str(out / "_store")]) == 0
+    assert "is intact" in capsys.readouterr().out

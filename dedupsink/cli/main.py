@@ -1,4 +1,4 @@
-"""The ``dedupsink`` command: ``run``, ``inspect``, ``validate``, and ``release``.
+"""The ``dedupsink`` command: ``run``, ``validate``, ``inspect``, ``release`` and ``repair``.
 
 Exit codes: 0 success, 1 a runtime failure (store owned by another query, a corrupt file, a
 failed query), 2 a usage, config or option error, 130 interrupted. Errors are one line on
@@ -22,7 +22,9 @@ from dedupsink.cli.job import PreparedJob, prepare
 from dedupsink.cli.run import checkpoint_for, run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
-from dedupsink.store.ownership import release
+from dedupsink.sink.repair import repair
+from dedupsink.store.ownership import describe_owner, now_ms, release
+from dedupsink.store.storage import parent
 
 log = logging.getLogger("dedupsink.cli")
 
@@ -56,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("path", metavar="PATH", help="an output path or a store path")
     release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     _add_storage(release)
+    repair = commands.add_parser(
+        "repair", help="rewrite damaged or lost Spark sink-log entries of the ports from the store"
+    )
+    repair.add_argument("path", metavar="PATH", help="an output path or a store path")
+    repair.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    repair.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    _add_storage(repair)
     return parser
 
 
@@ -128,7 +137,7 @@ def describe(job: PreparedJob) -> list[str]:
         else f"existing, version {job.manifest.version}, settings match"
     )
     checkpoint, fresh = checkpoint_for(job)
-    where = f"fresh for each run, under {checkpoint.rsplit('/', 1)[0]}" if fresh else checkpoint
+    where = f"fresh for each run, under {parent(checkpoint)}" if fresh else checkpoint
     if job.trigger.kind == "batch":
         where = "none (a batch job)"
     spark = ", ".join(
@@ -163,11 +172,32 @@ def cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    location = locate(args.path, args.store, _storage_options(args))
+    output = location.output()
+    if output is None:
+        raise ConfigError("PATH", f"store {location.store_url} records no output path to repair")
+    store = location.store()
+    manifest = store.read()
+    owner = manifest.owner if manifest is not None else None
+    if owner is not None and owner.lapses_at_ms() > now_ms():
+        # A window being published would look damaged; the repair itself is idempotent.
+        log.warning("store %s is held by %s: stop it first", store.url, describe_owner(owner))
+    found = repair(store, output, dry_run=args.dry_run)
+    verb = "would rewrite" if args.dry_run else "rewrote"
+    for item in found:
+        print(f"{verb} {item.port} log entry {item.log_id}: {item.path}")
+    if not found:
+        print(f"every sink-log entry the store {store.url} records is intact")
+    return 0
+
+
 COMMANDS = {
     "run": cmd_run,
     "validate": cmd_validate,
     "inspect": cmd_inspect,
     "release": cmd_release,
+    "repair": cmd_repair,
 }
 
 
