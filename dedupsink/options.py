@@ -32,8 +32,8 @@ MAX_CACHED_BUCKETS = "maxCachedBuckets"
 MAX_CACHED_BUCKETS_DEFAULT = 64
 MAX_CACHE_MEMORY = "maxCacheMemory"
 # Per executor Python process, and an executor runs one per task slot, all inside Spark's
-# memory overhead (by default 10% of executor memory, at least 384 MB): a modest default that
-# holds about 2.8 million keys with expiry values; raise it when the hot buckets are larger.
+# memory overhead (by default 10% of executor memory, at least 384 MB): a modest default, at
+# 24 bytes a key with its expiry value (16 without); raise it when the hot buckets are larger.
 MAX_CACHE_MEMORY_DEFAULT = "64 MB"
 MAX_EXPIRY_JUMP = "maxExpiryJump"
 STORE_PATH = "storePath"
@@ -61,25 +61,38 @@ BUCKETS_PER_PERIOD_DEFAULT = 16
 # Options Spark itself puts in a sink's option map; they are Spark's business, not ours.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname", "__checkpointlocation"})
 
-_UNIT_MICROS = {
-    "us": 1,
-    "microsecond": 1,
-    "ms": 1_000,
-    "millisecond": 1_000,
-    "s": 1_000_000,
-    "sec": 1_000_000,
-    "second": 1_000_000,
-    "m": 60_000_000,
-    "min": 60_000_000,
-    "minute": 60_000_000,
-    "h": 3_600_000_000,
-    "hr": 3_600_000_000,
-    "hour": 3_600_000_000,
-    "d": 86_400_000_000,
-    "day": 86_400_000_000,
-    "w": 604_800_000_000,
+# Microseconds per time unit: the one table of units, for durations in options, Arrow's
+# timestamp units and the CLI's display.
+MICROS_PER_UNIT = {
     "week": 604_800_000_000,
+    "day": 86_400_000_000,
+    "hour": 3_600_000_000,
+    "minute": 60_000_000,
+    "second": 1_000_000,
+    "millisecond": 1_000,
+    "microsecond": 1,
 }
+MICROS_PER_DAY = MICROS_PER_UNIT["day"]
+UNIT_ALIASES = {
+    "w": "week",
+    "d": "day",
+    "h": "hour",
+    "hr": "hour",
+    "m": "minute",
+    "min": "minute",
+    "s": "second",
+    "sec": "second",
+    "ms": "millisecond",
+    "us": "microsecond",
+}
+
+
+def micros_per(unit: str) -> int | None:
+    """Microseconds in one ``unit`` (a name or an abbreviation such as Arrow's 's', 'ms'), or
+    None for a unit not known."""
+    return MICROS_PER_UNIT.get(UNIT_ALIASES.get(unit, unit))
+
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 _NUMBER = re.compile(r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$")
 DURATION_ACCEPTED = "a duration such as '24 hours', '90 minutes', '30 s' or '500 ms'"
@@ -105,11 +118,12 @@ def parse_duration(option: str, text: str) -> Span:
     """Parse ``'24 hours'``-style text into microseconds, naming ``option`` on failure."""
     match = _DURATION.match(text.lower())
     unit = match.group(2) if match else ""
-    if unit not in _UNIT_MICROS and unit.endswith("s"):
+    if micros_per(unit) is None and unit.endswith("s"):
         unit = unit[:-1]  # a plural ("hours"); "ms" and "us" are units themselves
-    if match is None or unit not in _UNIT_MICROS:
+    factor = micros_per(unit)
+    if match is None or factor is None:
         raise DedupOptionError(option, text, DURATION_ACCEPTED)
-    micros = float(match.group(1)) * _UNIT_MICROS[unit]
+    micros = float(match.group(1)) * factor
     if micros <= 0:
         raise DedupOptionError(option, text, "a positive " + DURATION_ACCEPTED)
     return Span(text, micros, is_duration=True)

@@ -6,16 +6,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-MICROS_PER_DAY = 86_400_000_000
-_UNITS = (
-    ("week", 7 * MICROS_PER_DAY),
-    ("day", MICROS_PER_DAY),
-    ("hour", 3_600_000_000),
-    ("minute", 60_000_000),
-    ("second", 1_000_000),
-    ("millisecond", 1_000),
-    ("microsecond", 1),
-)
+from dedupsink.options import MICROS_PER_DAY, MICROS_PER_UNIT
+
 TIME_MODES = ("tupleTime", "systemTime")
 
 
@@ -31,10 +23,11 @@ def human_bytes(count: int) -> str:
 def human_duration(micros: float) -> str:
     """``86400000000`` -> ``'1 day'``; the largest unit that divides the value exactly."""
     whole = round(micros)
-    if 0 < whole <= 2 * MICROS_PER_DAY and whole % 3_600_000_000 == 0:
-        hours = whole // 3_600_000_000
+    hour = MICROS_PER_UNIT["hour"]
+    if 0 < whole <= 2 * MICROS_PER_DAY and whole % hour == 0:
+        hours = whole // hour
         return f"{hours} hour{'s' if hours != 1 else ''}"
-    for name, size in _UNITS:
+    for name, size in MICROS_PER_UNIT.items():
         if whole and whole % size == 0:
             amount = whole // size
             return f"{amount} {name}{'s' if amount != 1 else ''}"

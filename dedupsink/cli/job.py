@@ -32,6 +32,7 @@ from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import DedupOptions
 from dedupsink.store.format import Manifest
+from dedupsink.store.storage import basename
 from dedupsink.store.store import BucketStore, check_settings
 
 log = logging.getLogger("dedupsink.cli")
@@ -178,8 +179,7 @@ def check_source_path(config: JobConfig, source_format: str, notes: list[str]) -
 
 
 def _hidden(name: str) -> bool:
-    base = name.rstrip("/").rsplit("/", 1)[-1]
-    return base.startswith((".", "_"))
+    return basename(name).startswith((".", "_"))
 
 
 def check_store(config: JobConfig, job: PreparedJob) -> Manifest | None:

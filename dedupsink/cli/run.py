@@ -42,6 +42,7 @@ from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import release
 from dedupsink.store.records import WindowRecord
+from dedupsink.store.storage import parent as storage_parent
 from dedupsink.store.store import BucketStore
 
 log = logging.getLogger("dedupsink.cli")
@@ -274,7 +275,7 @@ def remove_checkpoint(url: str) -> None:
     fs, root = fsspec.core.url_to_fs(url)
     with suppress(FileNotFoundError):
         fs.rm(root, recursive=True)
-    parent = root.rsplit("/", 1)[0]
+    parent = storage_parent(root)
     with suppress(FileNotFoundError, OSError):
         if not fs.ls(parent, detail=False):
             fs.rmdir(parent)

@@ -16,10 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dedupsink.engine.settings import Settings
+from dedupsink.options import MICROS_PER_DAY, micros_per
 
-MICROS_PER_DAY = 86_400_000_000
 _ISO_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d")
-_MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
@@ -37,8 +36,8 @@ class ExpiryValues:
 def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     kind = array.type
     if pa.types.is_timestamp(kind):
-        factor = _MICROS_PER_UNIT.get(kind.unit)
-        if factor is None:  # nanoseconds always fit in microseconds
+        factor = micros_per(kind.unit)
+        if factor is None:  # nanoseconds ("ns") always fit in microseconds
             micros = array.cast(pa.timestamp("us", tz=kind.tz), safe=False).view(pa.int64())
             return np.asarray(micros.fill_null(0)), np.zeros(len(array), dtype=bool)
         return _scaled(np.asarray(array.view(pa.int64()).fill_null(0), dtype=np.int64), factor)
