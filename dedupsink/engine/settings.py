@@ -64,7 +64,8 @@ class Settings:
     @property
     def buckets_by_time(self) -> bool:
         """tupleTime/ordered bucket by expiry value under Assumption 1 (copies carry their
-        original's value, so they meet it in its bucket); the others by key hash (SPEC 4)."""
+        original's value, so they meet it in its bucket); the others by key hash
+        (docs/SEMANTICS.md, Modes)."""
         return self.mode in TIME_BUCKET_MODES and self.assume_same_expiry
 
     @property
@@ -195,36 +196,7 @@ def _in_domain(option: str, span: Span, mode: Mode) -> float:
 def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
     """Resolve options against the input schema; errors name the option and the value."""
     keys, key_types = _resolve_keys(options, schema)
-    mode: Mode = "basic"
-    expiry_type = None
-    stamp_kind: StampKind = "int"
-    if options.expiry_key is not None:
-        field = find_field(schema, options.expiry_key)
-        if field is None:
-            raise DedupOptionError(
-                EXPIRY_KEY, options.expiry_key, f"a column of the stream: one of {schema.names}"
-            )
-        expiry_type = str(field.type)
-        inferred = options.expiry_mode or _infer_mode(field.type)
-        if inferred is None:
-            raise DedupOptionError(
-                EXPIRY_KEY,
-                options.expiry_key,
-                f"a timestamp, date, numeric or string column; it has type {field.type}",
-            )
-        mode = inferred
-        if not _mode_fits(mode, field.type):
-            raise DedupOptionError(
-                EXPIRY_MODE,
-                mode,
-                f"a mode that fits column {options.expiry_key!r} of type {field.type}",
-            )
-        if mode == "ordered" and (
-            pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
-        ):
-            stamp_kind = "float"
-    elif options.expiry_mode == "systemTime":
-        mode = "systemTime"
+    mode, expiry_type, stamp_kind = _resolve_mode(options, schema)
     if mode == "basic":
         return Settings(mode, keys, key_types, None, None, "int", None, None, options.num_buckets)
     if options.expiry_period is None:
@@ -236,20 +208,7 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         else None
     )
     same_expiry = _assume_same_expiry(options, mode)
-    span: float | None = None
-    bucket_count = options.num_buckets
-    if mode in TIME_BUCKET_MODES and same_expiry:
-        span = _time_bucket_span(options, mode, period, stamp_kind)
-        bucket_count = max(1, math.ceil(period / span))
-    elif options.bucket_span is not None:
-        setting = f"expiryMode={mode}"
-        if mode in TIME_BUCKET_MODES:
-            setting += f" and {ASSUME_SAME_EXPIRY}={bool_text(same_expiry)}"
-        raise DedupOptionError(
-            BUCKET_SPAN,
-            options.bucket_span.text,
-            f"no value with {setting} (it buckets by key hash; see numBuckets)",
-        )
+    span, bucket_count = _bucket_layout(options, mode, period, stamp_kind, same_expiry)
     return Settings(
         mode,
         keys,
@@ -263,6 +222,52 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         jump,
         same_expiry,
     )
+
+
+def _resolve_mode(options: DedupOptions, schema: pa.Schema) -> tuple[Mode, str | None, StampKind]:
+    """The expiry mode, the expiry column's type and the kind of stamps it gives."""
+    if options.expiry_key is None:
+        return ("systemTime" if options.expiry_mode == "systemTime" else "basic"), None, "int"
+    field = find_field(schema, options.expiry_key)
+    if field is None:
+        raise DedupOptionError(
+            EXPIRY_KEY, options.expiry_key, f"a column of the stream: one of {schema.names}"
+        )
+    mode = options.expiry_mode or _infer_mode(field.type)
+    if mode is None:
+        raise DedupOptionError(
+            EXPIRY_KEY,
+            options.expiry_key,
+            f"a timestamp, date, numeric or string column; it has type {field.type}",
+        )
+    if not _mode_fits(mode, field.type):
+        raise DedupOptionError(
+            EXPIRY_MODE,
+            mode,
+            f"a mode that fits column {options.expiry_key!r} of type {field.type}",
+        )
+    fractional = pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
+    stamp_kind: StampKind = "float" if mode == "ordered" and fractional else "int"
+    return mode, str(field.type), stamp_kind
+
+
+def _bucket_layout(
+    options: DedupOptions, mode: Mode, period: float, stamp_kind: StampKind, same_expiry: bool
+) -> tuple[float | None, int]:
+    """(bucket span, bucket count): time buckets under Assumption 1, else hash buckets."""
+    if mode in TIME_BUCKET_MODES and same_expiry:
+        span = _time_bucket_span(options, mode, period, stamp_kind)
+        return span, max(1, math.ceil(period / span))
+    if options.bucket_span is not None:
+        setting = f"expiryMode={mode}"
+        if mode in TIME_BUCKET_MODES:
+            setting += f" and {ASSUME_SAME_EXPIRY}={bool_text(same_expiry)}"
+        raise DedupOptionError(
+            BUCKET_SPAN,
+            options.bucket_span.text,
+            f"no value with {setting} (it buckets by key hash; see numBuckets)",
+        )
+    return None, options.num_buckets
 
 
 def _assume_same_expiry(options: DedupOptions, mode: Mode) -> bool:
