@@ -195,7 +195,7 @@ def plan_rows(
 def expected_dedup_ports(
     times_us: np.ndarray, first_copy: np.ndarray, window_rows: int, period_us: int
 ) -> dict[str, int]:
-    """SPEC section 3 applied to the stream, windows of ``window_rows`` rows.
+    """The rules of docs/SEMANTICS.md applied to the stream, windows of ``window_rows`` rows.
 
     ``L_N`` = max event time of windows before N, ``E_N = L_N - period``; a row with
     ``v <= E_N`` is expired; otherwise the first copy of an id is unique and any other copy a
@@ -226,7 +226,8 @@ def expected_own_time_ports(
     window_rows: int,
     period_us: int,
 ) -> dict[str, int]:
-    """SPEC section 3 as under ``assumeSameExpiry=false``, windows of ``window_rows`` rows.
+    """The rules of docs/SEMANTICS.md under ``assumeSameExpiry=false``, windows of
+    ``window_rows`` rows.
 
     A row with ``v <= E_N`` is expired; otherwise a copy is a duplicate while the value its
     key is remembered with (its unique row's) is above ``E_N``, else unique, and its key is

@@ -385,7 +385,7 @@ def check(record: dict[str, Any], truth: dict[str, Any]) -> str:
         ok = ok and ports == expected
         shown = " ".join(f"{p}={ports[p]:,}" for p in PORTS)
         wanted = " ".join(f"{p}={expected[p]:,}" for p in PORTS)
-        return f"{'ok' if ok else 'MISMATCH'}: {base}; ports {shown} (SPEC truth {wanted})"
+        return f"{'ok' if ok else 'MISMATCH'}: {base}; ports {shown} (expected {wanted})"
     dropped = record.get("late_dropped", 0)
     return f"{'ok' if ok else 'MISMATCH'}: {base}; {dropped:,} rows dropped as late by watermark"
 

@@ -1,4 +1,4 @@
-"""A deliberately simple, row-by-row model of SPEC section 3, to check the real thing against.
+"""A deliberately simple, row-by-row model of docs/SEMANTICS.md, to check the real thing against.
 
 It holds every remembered key in a dict and walks rows one at a time: slow and obvious. Rows
 are dicts; ``key`` returns the key tuple (None if any part is null), ``value`` the expiry

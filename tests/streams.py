@@ -273,7 +273,7 @@ def reference_outputs(
     period: float | None = None,
     max_jump: float | None = None,
 ) -> dict[str, Counter[tuple[Any, ...]]]:
-    """Rows per port (as counters of row tuples) that SPEC section 3 gives for these windows.
+    """Rows per port (as counters of row tuples) that docs/SEMANTICS.md gives for these windows.
 
     In systemTime mode window ``n`` happens at time ``n * 1000`` (as if windows were a second
     apart, in milliseconds); give ``period`` in the same unit.
@@ -349,7 +349,7 @@ def port_file_names(output: Output, port: str) -> set[str]:
 
 
 def check_ports(spark: Any, output: Output, columns: Sequence[str], windows: int) -> None:
-    """The invariants of every scenario (SPEC 1 and 3.6), whatever the rows.
+    """The invariants of every scenario (docs/SEMANTICS.md, rule 6), whatever the rows.
 
     Spark (through ``_spark_metadata``) and pyarrow (through the directory) count the same rows
     (Spark reads local outputs only: it has no S3 connector here); every port has its schema

@@ -239,7 +239,7 @@ def test_times_before_1970_and_after_9999_are_ordinary_times(tmp_path: Path) -> 
     options = {"keys": "k", "expiryKey": "t", "expiryPeriod": "1 day"}
     windows = [
         rows(TIMES, (0, "a", at(1969, 12, 31, 23, 59, 59)), (1, "b", at(1900, 1, 1))),
-        # Re-sent copies carry their original time (SPEC 3.5, Assumption 1).
+        # Re-sent copies carry their original time (docs/SEMANTICS.md, rule 5).
         rows(TIMES, (2, "a", at(1969, 12, 31, 23, 59, 59)), (3, "b", at(1900, 1, 1))),
         rows(TIMES, (4, "c", year_12000())),
         rows(TIMES, (5, "d", at(2020, 1, 1)), (6, "c", year_12000())),

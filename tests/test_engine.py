@@ -328,8 +328,8 @@ def own_time_stream(kind: str, seed: int) -> tuple[pa.Schema, dict[str, str], li
 def run_own_time_stream(
     kind: str, seed: int, **raw: str
 ) -> tuple[list[str], list[str], list[int | None]]:
-    """The classifier's ports over a later-resends stream, the reference's (SPEC 3.5), and
-    each row's key."""
+    """The classifier's ports over a later-resends stream, the reference's (docs/SEMANTICS.md,
+    rule 5), and each row's key."""
     schema, options, windows = own_time_stream(kind, seed)
     index = CommittedIndex(settings_for(schema, **options, **raw))
     period = OWN_TIME_PERIOD * (1 if kind == "ordered" else MINUTE_US)
@@ -351,7 +351,7 @@ def test_later_resends_match_the_reference_with_assume_same_expiry_false(
 ) -> None:
     got, expected, keys = run_own_time_stream(kind, seed, assumeSameExpiry="false")
     assert got == expected
-    # Copies met every case of SPEC 3.5: remembered (duplicate), too late (expired), and
+    # Copies met every case of rule 5: remembered (duplicate), too late (expired), and
     # forgotten before they came (unique a second time).
     assert {"unique", "duplicate", "expired", "error"} <= set(expected)
     unique_keys = [key for key, port in zip(keys, expected, strict=True) if port == "unique"]

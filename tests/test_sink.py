@@ -1,4 +1,4 @@
-"""The dedup sink on real streams, mode by mode, against the reference model of SPEC section 3.
+"""The dedup sink on real streams, mode by mode, against the reference model of docs/SEMANTICS.md.
 
 Every test drives a file stream through ``format("dedup")`` with ``availableNow``, compares the
 four ports row for row with ``tests/reference.py`` over the same windows, and checks what must
@@ -300,7 +300,7 @@ def test_later_resends_over_partitions_and_a_restart_match_the_reference(
 ) -> None:
     """Copies re-sent 1 to 5 windows later with later times, over three partitions, the query
     restarted from its checkpoint half-way: with assumeSameExpiry=false every port equals the
-    reference (SPEC 3.5). The store then refuses to be reopened with the default setting."""
+    reference (rule 5). The store then refuses to be reopened with the default setting."""
     batches = later_resend_tables(11, 12)
     output, source = workdir / "out", workdir / "in"
     options = {**OWN_TIME, "assumeSameExpiry": "false"}

@@ -1,4 +1,4 @@
-"""Exactly once (SPEC 3.6) and persistence (SPEC 3.7) of the dedup sink on real streams.
+"""Exactly once and persistence (docs/SEMANTICS.md, rules 6 and 7) on real streams.
 
 Restarts from the checkpoint, a batch re-run after its sink commit, a fresh query on an
 existing store (with and without releasing the owner lease), and task failures: every input row

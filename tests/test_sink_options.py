@@ -1,4 +1,4 @@
-"""Bad sink options (SPEC section 2) stop the query before any output, naming the option.
+"""Bad sink options stop the query before any output, naming the option (SEMANTICS.md).
 
 Each case starts a real query; the error must surface from the query (at start or on
 ``awaitTermination``), name the option and the value, and leave the output path exactly as it

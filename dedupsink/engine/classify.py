@@ -1,6 +1,6 @@
 """Classify Arrow record batches of one window into unique / duplicate / expired / error.
 
-The rules are SPEC section 3. A ``WindowClassifier`` serves one task of one window: it
+The rules are those of docs/SEMANTICS.md. A ``WindowClassifier`` serves one task of one window: it
 classifies each record batch of the task against the committed state (the latest point and a
 ``KeyIndex`` of remembered keys) and against the keys it has already found new in this window,
 and collects those new keys, bucketed, for the store. Every step is a column operation; the only

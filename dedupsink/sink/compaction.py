@@ -105,10 +105,9 @@ def tiered_fold(segments: list[Segment]) -> list[Segment]:
 
     A key folded after the first two thus lands in a segment at least twice the size of the one
     it left, and the two smallest are a window's few keys or earlier folds of similar size, so
-    a key is rewritten a logarithmic number of times (3.3 on average over a simulated day of
-    one-minute windows into 64 buckets). Folding all but the 4 largest instead rewrote about a
-    fifth of the bucket at every compaction: 18 rewrites a key over that day, and a cost per
-    window that grew with the store."""
+    a key is rewritten a logarithmic number of times. Folding all but the few largest instead
+    rewrites a fixed fraction of the bucket at every compaction: a cost per window that grows
+    with the store (bench/RESULTS.md has both measured)."""
     taken = segments[:2]
     total = sum(s.count for s in taken)
     for segment in segments[2:]:

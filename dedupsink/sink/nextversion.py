@@ -147,7 +147,7 @@ def _drop_bucket_of_file(nxt: Manifest, name: str, bucket: int) -> None:
 
 
 def advance_latest_point(nxt: Manifest, update: WindowUpdate) -> None:
-    """The largest expiry value committed so far (SPEC §3 rule 2; per mode, ARCHITECTURE)."""
+    """The largest expiry value committed so far (docs/SEMANTICS.md, rule 2)."""
     mode = update.plan.settings.mode
     previous = update.base.latest
     if mode == "basic":

@@ -2,8 +2,8 @@
 
 Dictionary encoding pays off for repetitive columns (a user, a country) and is wasted on nearly
 distinct ones (ids, payloads, timestamps): Parquet tries it, overflows the dictionary page and
-falls back, which made writing a port file about 40% slower. A column's first rows decide, as
-in Spark's writer the first page does.
+falls back, which makes writing a port file markedly slower (bench/RESULTS.md). A column's
+first rows decide, as in Spark's writer the first page does.
 """
 
 from __future__ import annotations

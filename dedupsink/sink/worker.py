@@ -5,11 +5,11 @@ memory counts against the executor's overhead, and their CPU against the tasks. 
 process-wide settings keep both in check:
 
 * **Cycle collector** (``gc.freeze``): the daemon runs a full ``gc.collect()`` after every
-  call it serves. With pyspark, pyarrow and numpy loaded that walks some 60,000 module-level
-  objects each time, on cores the tasks need. Frozen, a collection walks only what was created
-  since. Frozen objects are still freed by reference counting; only a reference cycle among
-  them would never be collected, and the daemon has just collected when a call starts. Done
-  only under Spark's daemon, never in an application's own process.
+  call it serves. With pyspark, pyarrow and numpy loaded that walks tens of thousands of
+  module-level objects each time, on cores the tasks need. Frozen, a collection walks only
+  what was created since. Frozen objects are still freed by reference counting; only a
+  reference cycle among them would never be collected, and the daemon has just collected when
+  a call starts. Done only under Spark's daemon, never in an application's own process.
 * **glibc's mmap threshold**: by default glibc raises it to the size of each large block
   freed (up to 32 MiB), so a growing bucket's arrays move onto the heap, whose freed space
   stays in the process, and the worker grows well past the bucket cache's bound. A fixed 1 MiB
