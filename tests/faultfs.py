@@ -24,6 +24,7 @@ rather than on one instance); ``FAULTS.reset()`` clears it.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,7 +49,6 @@ class FaultPlan:
     torn: bool = False  # a failing pipe_file leaves the first half of its bytes behind
     log: list[tuple[int, str, str]] = field(default_factory=list)  # (step, operation, path)
     failed: list[tuple[int, str, str]] = field(default_factory=list)
-    _depth: threading.local = field(default_factory=threading.local)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -106,75 +106,113 @@ class FaultPlan:
                 self.failed.append((self.calls, operation, path))
             return due
 
-    def raise_error(self, operation: str, path: str) -> None:
-        raise OSError(self.error, f"injected fault in {operation} (step {self.calls})", path)
+    def error_of(self, operation: str, path: str) -> OSError:
+        return OSError(self.error, f"injected fault in {operation} (step {self.calls})", path)
 
 
 FAULTS = FaultPlan()
 
 
-class FaultFileSystem(LocalFileSystem):
-    """The local disk, with the mutating calls counted and failed as ``FAULTS`` says."""
+class Tear(Exception):
+    """Raised by ``before`` to a ``pipe_file``: half its bytes reach the disk, then ``error``."""
 
-    protocol = (PROTOCOL,)
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class InjectingFileSystem(LocalFileSystem):
+    """The local disk, with every *outermost* mutating call shown to ``before`` first.
+
+    The nine fsspec calls that change the disk (``pipe_file``, ``open`` for writing, ``mv``,
+    ``cp_file``, ``link``, ``rm_file``, ``rm``, ``makedirs``, ``mkdir``, ``touch``) each call
+    ``before(operation, path, changes)`` before they touch the disk; a call made inside another
+    (``pipe_file`` opening its file) is not shown again, so one step is one call the code under
+    test made. ``before`` raises ``OSError`` to fail the call, or ``Tear`` to tear a
+    ``pipe_file``. Subclasses decide: a process-wide plan (``FaultFileSystem``) or a plan shared
+    across processes (``tests/faults.py``).
+    """
+
+    _depth = threading.local()
+
+    def before(self, operation: str, path: str, changes: bool) -> None:
+        """Called once per outermost mutating call; ``changes``: whether it changes the disk."""
 
     @contextmanager
-    def _mutating(self, operation: str, path: Any) -> Iterator[bool]:
-        """Count an outermost mutating call; yields whether it is the one to fail."""
-        depth = getattr(FAULTS._depth, "value", 0)
-        fail = depth == 0 and FAULTS.step(operation, str(path))
-        FAULTS._depth.value = depth + 1
+    def _mutating(self, operation: str, path: str, changes: bool = True) -> Iterator[None]:
+        depth = getattr(self._depth, "value", 0)
+        if depth == 0:
+            self.before(operation, path, changes)
+        self._depth.value = depth + 1
         try:
-            if fail and not (operation == "pipe_file" and FAULTS.torn):
-                FAULTS.raise_error(operation, str(path))
-            yield fail
+            yield
         finally:
-            FAULTS._depth.value = depth
+            self._depth.value = depth
+
+    def _described(self, *paths: Any) -> str:
+        return " -> ".join(str(self._strip_protocol(p)) for p in paths)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        with self._mutating("pipe_file", path) as fail:
-            if fail:  # torn: half the bytes reach the disk, then the write fails
-                super().pipe_file(path, value[: len(value) // 2], mode, **kwargs)
-                FAULTS.raise_error("pipe_file", path)
-            super().pipe_file(path, value, mode, **kwargs)
+        stripped = self._strip_protocol(path)
+        try:
+            with self._mutating("pipe_file", stripped):
+                super().pipe_file(path, value, mode, **kwargs)
+        except Tear as tear:  # as a full disk does: the first half of the bytes, then the error
+            with open(stripped, "wb") as out:
+                out.write(value[: len(value) // 2])
+            raise tear.error from None
 
     def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
         if not any(flag in mode for flag in _WRITE_MODES):
             return super()._open(path, mode, *args, **kwargs)
-        with self._mutating(f"open({mode})", path):
+        with self._mutating(f"open({mode})", self._described(path)):
             return super()._open(path, mode, *args, **kwargs)
 
-    def mv(self, path1: str, path2: str, *args: Any, **kwargs: Any) -> None:
-        with self._mutating("mv", f"{path1} -> {path2}"):
+    def mv(self, path1: Any, path2: Any, *args: Any, **kwargs: Any) -> None:
+        with self._mutating("mv", self._described(path1, path2)):
             super().mv(path1, path2, *args, **kwargs)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        with self._mutating("cp_file", f"{path1} -> {path2}"):
+        with self._mutating("cp_file", self._described(path1, path2)):
             super().cp_file(path1, path2, **kwargs)
 
     def link(self, src: str, dst: str, **kwargs: Any) -> None:
-        with self._mutating("link", f"{src} -> {dst}"):
+        with self._mutating("link", self._described(src, dst)):
             super().link(src, dst, **kwargs)
 
     def rm_file(self, path: str) -> None:
-        with self._mutating("rm_file", path):
+        stripped = self._described(path)
+        with self._mutating("rm_file", stripped, os.path.exists(stripped)):
             super().rm_file(path)
 
     def rm(self, path: Any, *args: Any, **kwargs: Any) -> None:
-        with self._mutating("rm", path):
+        with self._mutating("rm", self._described(path)):
             super().rm(path, *args, **kwargs)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        with self._mutating("makedirs", path):
+        stripped = self._described(path)
+        with self._mutating("makedirs", stripped, not os.path.isdir(stripped)):
             super().makedirs(path, exist_ok=exist_ok)
 
     def mkdir(self, path: str, *args: Any, **kwargs: Any) -> None:
-        with self._mutating("mkdir", path):
+        with self._mutating("mkdir", self._described(path)):
             super().mkdir(path, *args, **kwargs)
 
     def touch(self, path: str, *args: Any, **kwargs: Any) -> None:
-        with self._mutating("touch", path):
+        with self._mutating("touch", self._described(path)):
             super().touch(path, *args, **kwargs)
+
+
+class FaultFileSystem(InjectingFileSystem):
+    """The local disk, with the mutating calls counted and failed as ``FAULTS`` says."""
+
+    protocol = (PROTOCOL,)
+
+    def before(self, operation: str, path: str, changes: bool) -> None:
+        if not FAULTS.step(operation, path):
+            return
+        error = FAULTS.error_of(operation, path)
+        raise Tear(error) if operation == "pipe_file" and FAULTS.torn else error
 
 
 def count_steps(action: Callable[[], object]) -> int:

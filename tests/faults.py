@@ -45,14 +45,13 @@ import fsspec
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from fsspec.implementations.local import LocalFileSystem
+from faultfs import InjectingFileSystem, Tear
 
 PROTOCOL = "dedupfault"
 CONTROL_ENV = "DEDUP_FAULT_CONTROL"
 TESTS_DIR = Path(__file__).resolve().parent
 DRIVER_SCRIPT = TESTS_DIR / "reliability_driver.py"
 PORTS = ("unique", "duplicate", "expired", "error")
-_WRITE_MODES = ("w", "a", "x", "+")
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -210,7 +209,6 @@ def control() -> Control | None:
 
 # -- scopes and striking ---------------------------------------------------------------------
 
-_state = threading.local()
 _lock = threading.RLock()
 _current: Scope | None = None
 
@@ -295,81 +293,22 @@ def _strike(ctl: Control, point: FaultPoint, scope: Scope, call: dict[str, Any])
 # -- the filesystem ----------------------------------------------------------------------------
 
 
-class DedupFaultFileSystem(LocalFileSystem):
+class DedupFaultFileSystem(InjectingFileSystem):
     """The local disk; mutating calls are counted in the current scope and may be struck."""
 
     protocol = (PROTOCOL,)
 
-    @contextlib.contextmanager
-    def _mutating(self, op: str, path: str, changes: bool = True) -> Iterator[None]:
-        depth = getattr(_state, "depth", 0)
-        if depth == 0:
-            _count_call(op, path, changes)
-        _state.depth = depth + 1
+    def before(self, operation: str, path: str, changes: bool) -> None:
         try:
-            yield
-        finally:
-            _state.depth = depth
+            _count_call(operation, path, changes)
+        except TornWrite as torn:
+            point = torn.point
+            error = OSError(point.error, f"injected fault {point.name} (torn write)", path)
+            raise Tear(error) from None
 
     def unstrip_protocol(self, name: str) -> str:
         # The files are on the local disk: Spark's readers of the sink log need file:// URLs.
         return f"file://{self._strip_protocol(name)}"
-
-    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        stripped = self._strip_protocol(path)
-        try:
-            with self._mutating("pipe_file", stripped):
-                super().pipe_file(path, value, mode, **kwargs)
-        except TornWrite as torn:
-            with open(stripped, "wb") as out:
-                out.write(value[: len(value) // 2])
-            point = torn.point
-            raise OSError(
-                point.error, f"injected fault {point.name} (torn write)", stripped
-            ) from None
-
-    def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
-        if not any(flag in mode for flag in _WRITE_MODES):
-            return super()._open(path, mode, *args, **kwargs)
-        with self._mutating(f"open({mode})", self._strip_protocol(path)):
-            return super()._open(path, mode, *args, **kwargs)
-
-    def mv(self, path1: Any, path2: Any, *args: Any, **kwargs: Any) -> None:
-        described = f"{self._strip_protocol(path1)} -> {self._strip_protocol(path2)}"
-        with self._mutating("mv", described):
-            super().mv(path1, path2, *args, **kwargs)
-
-    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        described = f"{self._strip_protocol(path1)} -> {self._strip_protocol(path2)}"
-        with self._mutating("cp_file", described):
-            super().cp_file(path1, path2, **kwargs)
-
-    def link(self, src: str, dst: str, **kwargs: Any) -> None:
-        described = f"{self._strip_protocol(src)} -> {self._strip_protocol(dst)}"
-        with self._mutating("link", described):
-            super().link(src, dst, **kwargs)
-
-    def rm_file(self, path: str) -> None:
-        stripped = self._strip_protocol(path)
-        with self._mutating("rm_file", stripped, os.path.exists(stripped)):
-            super().rm_file(path)
-
-    def rm(self, path: Any, *args: Any, **kwargs: Any) -> None:
-        with self._mutating("rm", str(self._strip_protocol(path))):
-            super().rm(path, *args, **kwargs)
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        stripped = self._strip_protocol(path)
-        with self._mutating("makedirs", stripped, not os.path.isdir(stripped)):
-            super().makedirs(path, exist_ok=exist_ok)
-
-    def mkdir(self, path: str, *args: Any, **kwargs: Any) -> None:
-        with self._mutating("mkdir", self._strip_protocol(path)):
-            super().mkdir(path, *args, **kwargs)
-
-    def touch(self, path: str, *args: Any, **kwargs: Any) -> None:
-        with self._mutating("touch", self._strip_protocol(path)):
-            super().touch(path, *args, **kwargs)
 
 
 fsspec.register_implementation(PROTOCOL, DedupFaultFileSystem, clobber=True)
