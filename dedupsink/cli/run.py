@@ -127,13 +127,18 @@ def spark_session(job: PreparedJob, log_level: str) -> Iterator[Any]:
 # -- the query -------------------------------------------------------------------------------
 
 
-def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
-    reader = spark.readStream.format(job.source_format)
+def source_frame(reader: Any, job: PreparedJob) -> Any:
+    """The job's source through ``reader`` (``spark.read`` or ``spark.readStream``)."""
+    reader = reader.format(job.source_format)
     if job.schema is not None and job.source_format not in FIXED_SCHEMAS:
         reader = reader.schema(job.schema)
     reader = reader.options(**job.config.source_options)
     path = job.config.get(SOURCE_PATH)
-    frame = reader.load(path) if path else reader.load()
+    return reader.load(path) if path else reader.load()
+
+
+def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
+    frame = source_frame(spark.readStream, job)
     writer = frame.writeStream.format("dedup").options(**job.config.sink_options)
     writer = writer.option("checkpointLocation", checkpoint)
     trigger = job.trigger
@@ -148,12 +153,7 @@ def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
 
 def write_batch(spark: Any, job: PreparedJob) -> None:
     """A batch job: the source read once with ``spark.read`` and written as one window."""
-    reader = spark.read.format(job.source_format)
-    if job.schema is not None and job.source_format not in FIXED_SCHEMAS:
-        reader = reader.schema(job.schema)
-    reader = reader.options(**job.config.source_options)
-    path = job.config.get(SOURCE_PATH)
-    frame = reader.load(path) if path else reader.load()
+    frame = source_frame(spark.read, job)
     frame.write.format("dedup").options(**job.config.sink_options).mode("append").save()
 
 

@@ -360,15 +360,22 @@ def settle_in_task(
     return TaskSettlement(settlement, yielded)
 
 
+def _check_rows(output: Output, files: list[PortFile], keys: int, how: str) -> None:
+    """A task's staged files hold one row per key it staged for them, or the store is damaged."""
+    rows = sum(record.rows for record in files)
+    if rows != keys:
+        port = files[0].port if files else "unique"
+        raise StoreError(
+            f"staged {port} files {[output.path(r.path) for r in files]} hold {rows} rows, "
+            f"but their task {how} {keys} keys for them"
+        )
+
+
 def _rewrite_unique(output: Output, writers: PortWriters, yielded: np.ndarray) -> list[str]:
     """Move the marked rows of the task's earlier unique files (one per chunk, in order) to its
     duplicate file, rewriting only the files that hold any; returns the files replaced."""
     files = writers.closed("unique")
-    if sum(record.rows for record in files) != len(yielded):
-        raise StoreError(
-            f"staged unique files {[output.path(r.path) for r in files]} hold "
-            f"{sum(r.rows for r in files)} rows, but their task found {len(yielded)} keys for them"
-        )
+    _check_rows(output, files, len(yielded), "found")
     replaced = []
     for record, marks in zip(files, _per_file(yielded, files), strict=True):
         if marks.any():
@@ -455,11 +462,7 @@ def _move_rows(
     if at_end:
         sources = sources[:1]
         rows = np.concatenate([np.zeros(sources[0].rows - len(rows), dtype=bool), rows])
-    if sum(r.rows for r in sources) != len(rows):
-        raise StoreError(
-            f"staged {source} files {[output.path(r.path) for r in sources]} hold "
-            f"{sum(r.rows for r in sources)} rows, but their task staged {len(rows)} keys"
-        )
+    _check_rows(output, sources, len(rows), "staged")
     replaced = []
     for record, marks in zip(sources, _per_file(rows, sources), strict=True):
         if not marks.any():
