@@ -107,7 +107,7 @@ def tiered_fold(segments: list[Segment]) -> list[Segment]:
     it left, and the two smallest are a window's few keys or earlier folds of similar size, so
     a key is rewritten a logarithmic number of times. Folding all but the few largest instead
     rewrites a fixed fraction of the bucket at every compaction: a cost per window that grows
-    with the store (bench/RESULTS.md has both measured)."""
+    with the store."""
     taken = segments[:2]
     total = sum(s.count for s in taken)
     for segment in segments[2:]:
