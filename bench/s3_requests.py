@@ -14,7 +14,8 @@ caches filling) are left out of the summary. Bytes copied are the staged files' 
 server-side into the ports (CopyObject), from the windows' publication records.
 
 Prints one line per window and the medians; the last line is ``requests_per_window=<median>``.
-Usage: ``python bench/s3_requests.py [--windows 30] [--rows 20000] [--warmup 5]``.
+Usage: ``python bench/s3_requests.py [--windows 30] [--rows 20000] [--warmup 5] [--list N]``
+(``--list N`` prints every request of window N).
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ def run_stream(server: S3Server, folder: Path, checkpoint: Path, url: str) -> No
     spark.stop()
 
 
-def per_window(server: S3Server, url: str) -> list[dict[str, Any]]:
-    """Requests between consecutive commit points, by kind, with the bytes copied."""
+def per_window(server: S3Server, url: str, listed: set[int]) -> list[dict[str, Any]]:
+    """Requests between consecutive commit points, by kind, with the bytes copied; the
+    requests of the windows in ``listed`` are printed one by one."""
     store = BucketStore(f"{url}/_store", server.storage_options)
     manifests = [m for m in (store.read(v) for v in store.versions()) if m is not None]
     requests = server.requests()
@@ -116,6 +118,8 @@ def per_window(server: S3Server, url: str) -> list[dict[str, Any]]:
         for request in requests:
             if low < request.at <= high:
                 kinds[request.kind] += 1
+                if manifest.version in listed:
+                    print(f"window {manifest.version}: {request.kind} {request.op} {request.key}")
         publication = manifest.publication
         copied = sum(m.size or 0 for m in publication.moves) if publication else 0
         out.append({"window": manifest.version, **kinds, "copied": copied})
@@ -127,6 +131,9 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=30)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--list", type=int, action="append", default=[], help="print window N's requests"
+    )
     args = parser.parse_args()
     print_machine()
     server = S3Server().start()
@@ -138,7 +145,7 @@ def main() -> None:
             url = server.remote("requests").url
             server.reset_counts()
             run_stream(server, folder, Path(scratch) / "chk", url)
-            windows = per_window(server, url)
+            windows = per_window(server, url, set(args.list))
     finally:
         server.stop()
     shown = [k for k in KINDS if any(w[k] for w in windows)]
