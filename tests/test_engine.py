@@ -986,3 +986,22 @@ def test_keyset_held_in_finds_every_held_key_of_distinct_lanes() -> None:
     held = part.held_in(other)
     assert held.sum() == 200
     assert len(part.without(held)) == 300
+
+
+def test_new_keys_come_with_their_order_by_first_word_chunk_by_chunk() -> None:
+    """``NewKeys.by_h1``: positions of the new keys, each chunk's in ascending ``h1`` (the runs
+    settlement merges instead of sorting all the task's keys), every key once."""
+    schema = pa.schema([("id", pa.int64())])
+    index = CommittedIndex(settings_for(schema, keys="id"))
+    classifier = index.classifier()
+    rng = np.random.default_rng(5)
+    sizes = [1000, 1, 0, 2500]
+    for size in sizes:
+        ids = rng.integers(0, 3000, size)  # repeats within and across chunks
+        classifier.classify(pa.record_batch([pa.array(ids, pa.int64())], schema=schema))
+    new = classifier.new_keys()
+    assert new.by_h1 is not None
+    assert sorted(new.by_h1.tolist()) == list(range(len(new.h1)))
+    runs = np.split(new.h1[new.by_h1], np.flatnonzero(np.diff(new.h1[new.by_h1]) < 0) + 1)
+    assert len(runs) <= len([s for s in sizes if s])
+    assert all(np.all(np.diff(run) > 0) for run in runs)

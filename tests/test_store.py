@@ -1206,6 +1206,22 @@ def test_sorted_keys_find_the_rows_another_task_shares_even_with_h1_collisions()
         assert found == [i for i, pair in enumerate(mine_pairs) if pair in shared]
 
 
+def test_sorted_keys_built_from_sorted_runs_equal_those_built_by_a_full_sort() -> None:
+    from dedupsink.engine.fingerprint import Fingerprints
+    from dedupsink.sink.settle import SortedKeys, StagedKeys
+
+    rng = np.random.default_rng(11)
+    words = rng.integers(0, 2**63, (2, 3000)).astype(np.uint64)
+    stamps = rng.integers(0, 10**9, 3000)
+    runs = np.concatenate(
+        [start + np.argsort(words[0, start : start + 1000]) for start in (0, 1000, 2000)]
+    )
+    plain = SortedKeys.of(StagedKeys(Fingerprints(words[0], words[1]), stamps))
+    merged = SortedKeys.of(StagedKeys(Fingerprints(words[0], words[1]), stamps, runs))
+    for lane in ("h1", "h2", "rows", "stamps"):
+        assert np.array_equal(getattr(plain, lane), getattr(merged, lane)), lane
+
+
 @pytest.mark.parametrize("stamp_dtype", [None, np.dtype(np.int64), np.dtype(np.float64)])
 def test_staged_keys_read_back_in_their_task_order(stamp_dtype: np.dtype | None) -> None:
     from dedupsink.engine.fingerprint import Fingerprints

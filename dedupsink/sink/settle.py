@@ -63,6 +63,7 @@ class StagedKeys:
 
     fingerprints: Fingerprints
     stamps: np.ndarray | None
+    runs: np.ndarray | None = None  # positions whose h1 come in sorted runs (NewKeys.by_h1)
 
     def __len__(self) -> int:
         return len(self.fingerprints)
@@ -89,7 +90,11 @@ class SortedKeys:
 
     @staticmethod
     def of(keys: StagedKeys) -> SortedKeys:
-        order = np.argsort(keys.fingerprints.h1, kind="stable")
+        h1 = keys.fingerprints.h1
+        if keys.runs is None:
+            order = np.argsort(h1, kind="stable")
+        else:  # a stable sort merges sorted runs in a fraction of the time of a full sort
+            order = keys.runs[np.argsort(h1[keys.runs], kind="stable")]
         stamps = None if keys.stamps is None else keys.stamps[order]
         fingerprints = keys.fingerprints
         return SortedKeys(fingerprints.h1[order], fingerprints.h2[order], order, stamps)

@@ -188,7 +188,7 @@ def _settle(
         summary.folder,
         identity.partition,
         identity.attempt,
-        StagedKeys(Fingerprints(new.h1, new.h2), new.stamps),
+        StagedKeys(Fingerprints(new.h1, new.h2), new.stamps, new.by_h1),
         held,
         writers,
         waited_since=started,
