@@ -180,7 +180,7 @@ def fill(root: Path, mode: str, seed: int = 3) -> FilledStore:
         ]
         filled.compacted_buckets += sum(len(s.written.supersedes) for s in summaries if s.written)
         report = commit_window(plan, summaries, window)
-        assert report is not None and report.window == window + 1
+        assert report is not None and report.version == window + 1
         filled.windows.append(tasks)
         filled.committed_counts.append(report.counts.as_dict())
     return filled

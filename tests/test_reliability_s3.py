@@ -126,7 +126,7 @@ def test_a_lost_reply_to_the_manifest_create_is_recognised_as_the_commit(s3: S3S
     writer.window(0, INPUTS[0], PARTITIONS)
     fault = s3.fail(S3Fault(key_has("_store/_log/", op="PutObject"), times=1, how="drop"))
     report = writer.window(1, INPUTS[1], PARTITIONS)
-    assert report is not None and report.window == 2 and not report.already_committed
+    assert report is not None and report.version == 2 and not report.already_committed
     creates = [r for r in s3.requests() if r.key.endswith("000000000002.manifest")]
     assert [r.status for r in creates if r.op == "PutObject"] == [200, 412]
     assert fault.hit

@@ -48,7 +48,7 @@ _published: set[tuple[str, str, int]] = set()
 class CommitReport:
     """What a commit did, for the log line and for tests."""
 
-    window: int
+    version: int  # the store version the commit created (or found, for a re-run)
     batch_id: int
     query_id: str
     counts: WindowCounts = field(default_factory=WindowCounts)
@@ -59,6 +59,7 @@ class CommitReport:
     remembered: int = 0
     cache_hit_rate: float | None = None
     assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
+    windows: int = 0  # windows the store has committed, this one included (as the CLI counts)
 
     def line(self) -> str:
         hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
@@ -66,7 +67,8 @@ class CommitReport:
         if self.assume_same_expiry is not None:
             setting = f" | {ASSUME_SAME_EXPIRY}={bool_text(self.assume_same_expiry)}"
         return (
-            f"dedup window {self.window} (batch {self.batch_id}): {self.counts.text()} | store "
+            f"dedup window {self.windows} (batch {self.batch_id}, version {self.version}): "
+            f"{self.counts.text()} | store "
             f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
             f" | cache hits {hit}{setting}"
         )
@@ -256,7 +258,8 @@ def _report(
     last = nxt.last_window
     settings = plan.settings
     return CommitReport(
-        window=nxt.version,
+        version=nxt.version,
+        windows=int(nxt.totals.get("windows", 0)),
         batch_id=batch_id,
         query_id=writer.query,
         counts=last.counts if last else WindowCounts(),
