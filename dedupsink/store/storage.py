@@ -41,6 +41,7 @@ import errno
 import os
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
@@ -92,7 +93,7 @@ class Entry:
     tag: str
 
 
-class Storage:
+class Storage(ABC):
     """One filesystem root, reached through fsspec; pickles as its URL and storage options.
 
     ``root`` is the path of ``url`` inside the filesystem; every method takes such paths
@@ -251,13 +252,13 @@ class Storage:
         self.ensure_folder(parent(path))
         return self.fs.open(path, "wb")  # type: ignore[no-any-return]
 
+    @abstractmethod
     def create(self, path: str, data: bytes) -> None:
         """Conditional create: ``data`` appears whole at ``path``, or ``FileExistsError``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         """Make ``source`` readable as ``target`` (``size``: its bytes, when known)."""
-        raise NotImplementedError
 
     def _published_already(self, source: str, target: str, exc: Exception) -> None:
         """A publication found its source gone: fine if an earlier one made the target."""
@@ -282,7 +283,9 @@ class Storage:
 
     def check_reachable(self, option: str) -> None:
         """Fail with an option error if the root cannot be reached (no such bucket, wrong
-        credentials, no endpoint): called once when a query starts, before any output."""
+        credentials, no endpoint): called once when a query starts, before any output.
+        A local or in-memory root has nothing to reach: its folders are made on first write."""
+        return
 
 
 class LocalStorage(Storage):
