@@ -50,25 +50,35 @@ class DedupCommitMessage(WriterCommitMessage):
         self.summary = summary
 
 
+def _write(
+    plan: SinkPlan, task: TaskIdentity, iterator: Iterator[pa.RecordBatch]
+) -> DedupCommitMessage:
+    """One task of a stream's micro-batch or of a batch write (``run_task`` tunes the worker)."""
+    from dedupsink.sink.task import run_task
+
+    with plan.options.masking():
+        return DedupCommitMessage(run_task(plan, task, iterator))
+
+
+def _commit(plan: SinkPlan, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+    from dedupsink.sink.commit import commit_window
+
+    tune_worker_process()
+    _log_to_stderr_if_unconfigured()
+    summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
+    with plan.options.masking():
+        commit_window(plan, summaries, batch_id)
+
+
 class DedupStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, plan: SinkPlan) -> None:
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DedupCommitMessage:
-        from dedupsink.sink.task import run_task
-
-        tune_worker_process()
-        with self.plan.options.masking():
-            return DedupCommitMessage(run_task(self.plan, current_task(self.plan), iterator))
+        return _write(self.plan, current_task(self.plan), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from dedupsink.sink.commit import commit_window
-
-        tune_worker_process()
-        _log_to_stderr_if_unconfigured()
-        summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
-        with self.plan.options.masking():
-            commit_window(self.plan, summaries, batchId)
+        _commit(self.plan, messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Staged files stay invisible; a later sweep removes them.
@@ -82,20 +92,10 @@ class DedupBatchWriter(DataSourceArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DedupCommitMessage:
-        from dedupsink.sink.task import run_task
-
-        tune_worker_process()
-        with self.plan.options.masking():
-            return DedupCommitMessage(run_task(self.plan, batch_task(self.plan), iterator))
+        return _write(self.plan, batch_task(self.plan), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        from dedupsink.sink.commit import commit_window
-
-        tune_worker_process()
-        _log_to_stderr_if_unconfigured()
-        summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
-        with self.plan.options.masking():
-            commit_window(self.plan, summaries, 0)
+        _commit(self.plan, messages, 0)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning("dedup batch write %s aborted; nothing was published", self.plan.run)
