@@ -42,6 +42,7 @@ from common import (
     CompareSpec,
     WorkerPeaks,
     generate_compare_input,
+    local_session_builder,
     print_machine,
     python_floor_source,
 )
@@ -53,15 +54,7 @@ PORTS = ("unique", "duplicate", "expired", "error")
 def child(variant: str, input_dir: str, output: str, cache_memory: str) -> None:
     """One run in this process: a session, the DataFrame, the write on the clock."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "3g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    spark = local_session_builder("bench-backfill", {"spark.driver.memory": "3g"}).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(python_floor_source())
     frame = spark.read.parquet(input_dir)

@@ -331,6 +331,26 @@ def _event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndar
     return (EPOCH_2024_US + (positions * spacing + jitter)).astype(np.int64)
 
 
+# -- Spark ----------------------------------------------------------------------------------
+
+
+def local_session_builder(app: str, conf: dict[str, str] | None = None) -> Any:
+    """The benchmarks' SparkSession builder: ``local[2]``, no UI, UTC, two shuffle partitions,
+    plus ``conf``."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for name, value in (conf or {}).items():
+        builder = builder.config(name, value)
+    return builder
+
+
 # -- memory ----------------------------------------------------------------------------------
 
 

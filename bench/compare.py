@@ -100,6 +100,7 @@ from common import (
     code_revision,
     dir_bytes,
     generate_compare_input,
+    local_session_builder,
     median,
     print_machine,
     python_floor_source,
@@ -139,17 +140,10 @@ RESULT_PREFIX = "RESULT "
 
 
 def build_session(variant: str, driver_memory: str) -> Any:
-    from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(f"bench-compare-{variant}")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.sql.streaming.stopTimeout", "60s")
-    )
+    builder = local_session_builder(
+        f"bench-compare-{variant}", {"spark.driver.memory": driver_memory}
+    ).config("spark.sql.streaming.stopTimeout", "60s")
     if "rocksdb" in variant:
         builder = builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     spark = builder.getOrCreate()

@@ -39,7 +39,12 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from common import EPOCH_2024_US, event_columns, print_machine  # noqa: E402
+from common import (  # noqa: E402
+    EPOCH_2024_US,
+    event_columns,
+    local_session_builder,
+    print_machine,
+)
 from servers import KINDS, S3Server  # noqa: E402
 
 from dedupsink.store.store import BucketStore  # noqa: E402
@@ -79,15 +84,7 @@ def write_input(folder: Path, windows: int, rows: int) -> None:
 
 
 def run_stream(server: S3Server, folder: Path, checkpoint: Path, url: str) -> None:
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    spark = local_session_builder("bench-s3-requests").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     schema = spark.read.parquet(str(folder)).schema
     frame = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(folder))

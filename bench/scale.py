@@ -78,6 +78,7 @@ from common import (
     LoadSampler,
     code_revision,
     event_columns,
+    local_session_builder,
     median,
     print_machine,
     vm_hwm,
@@ -264,7 +265,6 @@ def spark_probe(
 ) -> dict[str, Any]:
     """Per-batch time of the real Spark query over windows of the same shape."""
     import pyarrow.parquet as pq
-    from pyspark.sql import SparkSession
 
     day = Day(rows_per_batch, resend_fraction, seed, own_time)
     source = work / "input"
@@ -274,14 +274,7 @@ def spark_probe(
         target = source / f"part-{index:05d}.parquet"
         pq.write_table(day.window(index), target)
         os.utime(target, (base + index, base + index))
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-scale-probe")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    spark = local_session_builder("bench-scale-probe").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     schema = spark.read.parquet(str(source / "part-00000.parquet")).schema
     writer = (
