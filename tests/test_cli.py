@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,17 +69,19 @@ class Case:
     one_window: bool = False  # a batch job: every file in one window
 
 
+SYSTEM_LOGS = Case(
+    "system-logs",
+    "tupleTime",
+    key=lambda r: _all_present(_int(r.get("serial"))),
+    value=lambda r: _micros(r.get("ts")),
+    period=24 * HOUR_US,
+)
+
 CASES = {
     "customers-basic": Case(
         "customers", "basic", key=lambda r: _all_present(r["name"], r["phone"])
     ),
-    "system-logs": Case(
-        "system-logs",
-        "tupleTime",
-        key=lambda r: _all_present(_int(r.get("serial"))),
-        value=lambda r: _micros(r.get("ts")),
-        period=24 * HOUR_US,
-    ),
+    "system-logs": SYSTEM_LOGS,
     "transactions-ordered": Case(
         "transactions",
         "ordered",
@@ -94,14 +96,7 @@ CASES = {
         value=lambda r: r.get("city"),
         period=2,
     ),
-    "system-logs-backfill": Case(
-        "system-logs",
-        "tupleTime",
-        key=lambda r: _all_present(_int(r.get("serial"))),
-        value=lambda r: _micros(r.get("ts")),
-        period=24 * HOUR_US,
-        one_window=True,
-    ),
+    "system-logs-backfill": replace(SYSTEM_LOGS, one_window=True),  # the same logs, one batch
     "system-time": Case(
         "system-logs",
         "systemTime",
