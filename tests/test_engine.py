@@ -946,6 +946,29 @@ def test_large_keyset_lookup_through_its_filter_matches_the_model(seed: int) -> 
     assert keys.nbytes == 3 * 8 * n + (1 << 20) // 8  # keys plus a filter of 2**20 bits
 
 
+def test_a_merge_carries_the_larger_sets_filter_as_if_built_afresh() -> None:
+    """The bulk of a cached bucket keeps its filter through a merge: the carried bits are the
+    bits a filter built from the merged keys would have, and lookups through it answer right."""
+    rng = np.random.default_rng(11)
+
+    def random_keys(n: int) -> KeySet:
+        lanes = (rng.integers(0, 2**64 - 1, n, dtype=np.uint64) for _ in range(2))
+        return KeySet.build(*lanes, rng.integers(0, 100, n).astype(np.int64))
+
+    bulk, recent = random_keys(100_000), random_keys(3_000)
+    absent = Fingerprints(*(rng.integers(0, 2**64 - 1, 500, dtype=np.uint64) for _ in range(2)))
+    assert not bulk.contains(absent).any()  # the first lookup builds the bulk's filter
+    merged = bulk.merge(recent)
+    assert "_filter" in merged.__dict__
+    carried_bits, carried_shift = merged.__dict__.pop("_filter")
+    afresh_bits, afresh_shift = merged._filter
+    assert carried_shift == afresh_shift
+    assert np.array_equal(carried_bits, afresh_bits)
+    merged.__dict__["_filter"] = (carried_bits, carried_shift)
+    assert merged.contains(Fingerprints(recent.h1, recent.h2)).all()
+    assert merged.contains(Fingerprints(bulk.h1[:500], bulk.h2[:500])).all()
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_keyset_merge_equals_building_the_union(seed: int) -> None:
     a, b = crowded_keys(seed, 25), crowded_keys(seed + 50, 15)

@@ -99,23 +99,53 @@ class KeySet:
         ) & 1 == 1
 
     def merge(self, other: KeySet) -> KeySet:
-        """Both sets in one: the smaller is inserted into the larger at its sorted positions,
-        which allocates only the result (a sort of the concatenation needs three times that)."""
+        """Both sets in one: the smaller is placed into the larger at its sorted positions,
+        which allocates only the result (a sort of the concatenation needs three times that).
+
+        One placement serves every lane, and repeated fingerprints can only meet where a key
+        is placed (the larger set's neighbour at that position), so the check is as small as
+        the smaller set. A filter the larger set has built is carried over when the result
+        needs as many slots: its bits for the placed keys are set, nothing is rebuilt."""
         if len(other) == 0:
             return self
         if len(self) == 0:
             return other
         big, small = (self, other) if len(self) >= len(other) else (other, self)
         at = np.searchsorted(big.h1, small.h1, side="left")
-        h1 = np.insert(big.h1, at, small.h1)
-        h2 = np.insert(big.h2, at, small.h2)
-        stamps = None
+        placed = at + np.arange(len(small))
+        from_big = np.ones(len(big) + len(small), dtype=bool)
+        from_big[placed] = False
+        lanes = [(big.h1, small.h1), (big.h2, small.h2)]
         if big.stamps is not None and small.stamps is not None:
-            stamps = np.insert(big.stamps, at, small.stamps.astype(big.stamps.dtype))
-        repeated = h1[1:] == h1[:-1]
-        if repeated.any():
-            return KeySet._settle_repeats(h1, h2, stamps, repeated)
-        return KeySet(h1, h2, stamps)
+            lanes.append((big.stamps, small.stamps.astype(big.stamps.dtype)))
+        merged = []
+        for big_lane, small_lane in lanes:
+            lane = np.empty(len(from_big), dtype=big_lane.dtype)
+            lane[from_big] = big_lane
+            lane[placed] = small_lane
+            merged.append(lane)
+        h1, h2 = merged[0], merged[1]
+        stamps = merged[2] if len(merged) == 3 else None
+        if _meets_repeats(big.h1, small.h1, at):
+            return KeySet._settle_repeats(h1, h2, stamps, h1[1:] == h1[:-1])
+        result = KeySet(h1, h2, stamps)
+        result._carry_filter(big, small.h1)
+        return result
+
+    def _carry_filter(self, source: KeySet, added_h1: np.ndarray) -> None:
+        """Take ``source``'s built filter, with the bits of ``added_h1`` set, if it has as
+        many slots as this set's would (its keys and the added ones are all this set's)."""
+        built = source.__dict__.get("_filter")
+        if built is None or len(self) < _FILTER_FROM_KEYS:
+            return
+        bits, shift = built
+        if shift != np.uint64(64 - _filter_slots_log2(len(self))):
+            return
+        bits = bits.copy()  # the source may still be in use
+        slots = added_h1 >> shift
+        marks = np.left_shift(1, 7 - (slots & np.uint64(7)).astype(np.uint8)).astype(np.uint8)
+        np.bitwise_or.at(bits, slots >> np.uint64(3), marks)
+        self.__dict__["_filter"] = (bits, shift)
 
     def held_in(self, other: KeySet) -> np.ndarray:
         """For each key here: does ``other`` hold it with at least its stamp?
@@ -202,6 +232,15 @@ class KeySet:
 # Below this many keys a binary search is cheap enough that building a filter does not pay.
 _FILTER_FROM_KEYS = 65_536
 _FILTER_SLOTS_PER_KEY = 8
+
+
+def _meets_repeats(big_h1: np.ndarray, small_h1: np.ndarray, at: np.ndarray) -> bool:
+    """Would placing ``small_h1`` at ``at`` in ``big_h1`` put equal first words side by side?
+    ``at`` is the left insertion point, so only ``big_h1[at]`` can equal the placed key."""
+    if len(small_h1) > 1 and bool((small_h1[1:] == small_h1[:-1]).any()):
+        return True
+    inside = at < len(big_h1)
+    return bool((big_h1[at[inside]] == small_h1[inside]).any())
 
 
 def _filter_slots_log2(keys: int) -> int:
