@@ -647,6 +647,14 @@ def test_concatenation_leaves_out_segments_whose_keys_all_expired() -> None:
     assert decoded.stamps is not None and sorted(decoded.stamps.tolist()) == [45, 70, 80, 90]
     nothing = concat_segments(raws[:1], segments[:1], np.dtype(np.int64), paths[:1], "g", 8, 50)
     assert nothing == ([], None, None)
+    # A hash bucket's fold leaves out each expired key, not only whole segments.
+    chunks, folded, top = concat_segments(
+        raws, segments, np.dtype(np.int64), paths, "g", 8, 50, each_key=True
+    )
+    assert folded is not None and folded.count == 3 and top == 90
+    decoded = decode_segment(b"".join(chunks), folded, np.dtype(np.int64), "g")
+    assert decoded.stamps is not None and decoded.stamps.tolist() == [70, 80, 90]
+    assert decoded.h1.tolist() == [11, 20, 21]
 
 
 def test_concatenating_a_damaged_segment_is_refused() -> None:

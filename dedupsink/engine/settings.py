@@ -74,6 +74,13 @@ class Settings:
         are written with a placeholder meaning "my window's time", real after compaction)."""
         return self.mode != "basic"
 
+    @property
+    def provisional_stamps(self) -> bool:
+        """Whether a window file's stamps may be provisional, meaningful only with its own
+        index entry (categorical: numbers of the file's new categories; systemTime: the
+        placeholder for the file's window time)."""
+        return self.mode in ("categorical", "systemTime")
+
     def identity(self) -> dict[str, Any]:
         record = asdict(self)
         record.pop("max_expiry_jump")

@@ -8,13 +8,18 @@ the commit replaces the folded segments with it (``nextversion.apply_compaction`
 
 * **Time buckets** (tupleTime and ordered under Assumption 1) stop receiving keys once their
   span has passed, so they are folded whole then (the current span's bucket is left alone:
-  folding it every window would rewrite it every window), by concatenating the segments'
-  bytes lane by lane: nothing decoded or sorted, memory for the bucket's bytes only.
+  folding it every window would rewrite it every window).
 * **Hash buckets** (the other modes) receive keys every window, so only their small segments
   are folded (``tiered_fold``): segment sizes grow geometrically and each key is rewritten a
-  logarithmic number of times.
+  logarithmic number of times. The window's own new keys for the bucket join the fold, as a
+  file holds one segment per bucket.
 
-Either way keys at or below the expiry point are left out of the fold.
+Either way a fold concatenates the segments lane by lane and sorts nothing (a bucket holds
+each key once; readers sort). Where stamps are final it concatenates their bytes, nothing
+decoded; in categorical and systemTime a file's stamps may be provisional, meaningful only
+with its own index entry, so there the fold decodes them to their final values. Keys at or
+below the expiry point are left out: whole segments of a time bucket, each key of a hash
+bucket (whose segments mix old and new keys).
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dedupsink.engine.classify import NewKeys, WindowClassifier, stamp_dtype
-from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings
 from dedupsink.store.cache import BucketManager
 from dedupsink.store.format import (
+    DecodedSegment,
     Manifest,
     Segment,
     SegmentBytes,
@@ -44,13 +49,15 @@ COMPACT_BUCKETS_PER_WINDOW = 8
 
 @dataclass
 class Fold:
-    """Segments of one bucket to rewrite as one: as merged keys (hash buckets) or as their
-    stored bytes (closed time buckets: nothing decoded). Either way expired keys are dropped."""
+    """Segments of one bucket to rewrite as one: as their stored bytes, or (provisional
+    stamps) as their decoded keys, already without the expired ones. ``each_key``: drop
+    expired keys one by one (hash buckets), not only segments whose keys all expired."""
 
     bucket: int
     segments: list[Segment]
-    keys: KeySet | None = None
     raw: Sequence[SegmentBytes] | None = None
+    keys: DecodedSegment | None = None
+    each_key: bool = False
 
 
 @dataclass
@@ -89,14 +96,25 @@ def choose_folds(
         if len(folds) == COMPACT_BUCKETS_PER_WINDOW:
             break
         segments = sorted(manifest.buckets[bucket], key=lambda s: s.count)
-        if by_time:
-            folds.append(Fold(bucket, segments, raw=manager.store.fetch(segments)))
+        if not by_time:
+            segments = tiered_fold(segments)
+        if len(segments) < 2:
             continue
-        segments = tiered_fold(segments)
-        if len(segments) > 1:
-            keys = manager.read_segments(segments).alive(context.expiry_point)
+        if context.settings.provisional_stamps:
+            keys = _alive(manager.read_segments(segments), context.expiry_point)
             folds.append(Fold(bucket, segments, keys=keys))
+        else:
+            folds.append(
+                Fold(bucket, segments, manager.store.fetch(segments), each_key=not by_time)
+            )
     return folds
+
+
+def _alive(keys: DecodedSegment, forget_at_or_below: float | None) -> DecodedSegment:
+    if forget_at_or_below is None or keys.stamps is None:
+        return keys
+    keep = keys.stamps > forget_at_or_below
+    return DecodedSegment(keys.h1[keep], keys.h2[keep], keys.stamps[keep])
 
 
 def tiered_fold(segments: list[Segment]) -> list[Segment]:
@@ -142,32 +160,34 @@ def write_window_file(
 ) -> WrittenKeys:
     """Write the task's new keys and its folds as one window file (none if both are empty)."""
     written = WrittenKeys(None, {}, {}, len(new.h1))
-    h1, h2, buckets, stamps = new.h1, new.h2, new.buckets, new.stamps
     for fold in folds:
         written.supersedes[fold.bucket] = [s.ident for s in fold.segments]
-        if fold.keys is not None:
-            keys = fold.keys
-            h1, h2 = np.concatenate([h1, keys.h1]), np.concatenate([h2, keys.h2])
-            buckets = np.concatenate([buckets, np.full(len(keys), fold.bucket, dtype=np.int64)])
-            if stamps is not None and keys.stamps is not None:
-                stamps = np.concatenate([stamps, keys.stamps.astype(stamps.dtype)])
     window = manifest.version + 1
     name = window_file_name(window, partition)
-    data, segments = encode_segments(buckets, h1, h2, stamps, name)
-    file_max = _known_max(stamps, context.settings)
+    keys = _with_decoded_folds(new, [fold for fold in folds if fold.keys is not None])
+    byte_folds = [(fold, fold.raw) for fold in folds if fold.raw is not None]
+    joining = np.isin(keys.buckets, [fold.bucket for fold, _ in byte_folds])
+    data, segments = _encode(keys, ~joining, name)
     chunks: list[bytes | memoryview] = [data]
-    nbytes, count = len(data), len(h1)
+    nbytes, count = len(data), len(keys.h1) - int(joining.sum())
+    file_max = _known_max(keys.stamps, context.settings)
+    # The new keys of buckets folded as bytes join their folds, as segments of their own.
+    joined, joined_segments = _encode(keys, joining, name)
     dtype = stamp_dtype(context.settings)
-    for fold in folds:
-        if fold.raw is None:
-            continue
+    for fold, raw in byte_folds:
+        raws, parts = list(raw), list(fold.segments)
         paths = [store.data_url(s.file) for s in fold.segments]
-        parts, segment, top = concat_segments(
-            fold.raw, fold.segments, dtype, paths, name, nbytes, context.expiry_point
+        if fold.bucket in joined_segments:
+            own = joined_segments[fold.bucket]
+            raws.insert(0, joined[own.offset : own.offset + own.length])
+            parts.insert(0, own)
+            paths.insert(0, store.data_url(name))
+        pieces, segment, top = concat_segments(
+            raws, parts, dtype, paths, name, nbytes, context.expiry_point, fold.each_key
         )
         if segment is None:
             continue  # every folded key is expired: the folded segments just leave the index
-        chunks.extend(parts)
+        chunks.extend(pieces)
         segments[fold.bucket] = segment
         nbytes += segment.length
         count += segment.count
@@ -190,11 +210,45 @@ def write_window_file(
     return written
 
 
+def _with_decoded_folds(new: NewKeys, folds: list[Fold]) -> NewKeys:
+    """The new keys followed by the keys of folds made of decoded keys."""
+    if not folds:
+        return new
+    parts = [fold.keys for fold in folds if fold.keys is not None]
+    stamps = None
+    if new.stamps is not None:
+        stamps = np.concatenate(
+            [
+                new.stamps,
+                *(p.stamps.astype(new.stamps.dtype) for p in parts if p.stamps is not None),
+            ]
+        )
+    buckets = [
+        np.full(len(p.h1), fold.bucket, dtype=np.int64)
+        for fold, p in zip(folds, parts, strict=True)
+    ]
+    return NewKeys(
+        np.concatenate([new.h1, *(p.h1 for p in parts)]),
+        np.concatenate([new.h2, *(p.h2 for p in parts)]),
+        np.concatenate([new.buckets, *buckets]),
+        stamps,
+    )
+
+
+def _encode(
+    keys: NewKeys, rows: np.ndarray, name: str
+) -> tuple[bytes | memoryview, dict[int, Segment]]:
+    """The keys at ``rows`` laid out bucket after bucket (see ``encode_segments``)."""
+    if rows.all():
+        return encode_segments(keys.buckets, keys.h1, keys.h2, keys.stamps, name)
+    stamps = None if keys.stamps is None else keys.stamps[rows]
+    return encode_segments(keys.buckets[rows], keys.h1[rows], keys.h2[rows], stamps, name)
+
+
 def _known_max(stamps: np.ndarray | None, settings: Settings) -> float | None:
     """The largest stamp the task knows; provisional (negative) category numbers and window
     times are resolved by the commit."""
     if stamps is None or not len(stamps):
         return None
-    provisional = settings.mode in ("categorical", "systemTime")
-    known = stamps[stamps >= 0] if provisional else stamps
+    known = stamps[stamps >= 0] if settings.provisional_stamps else stamps
     return known.max().item() if len(known) else None

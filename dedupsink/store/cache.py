@@ -241,18 +241,21 @@ class BucketManager:
             result[bucket] = entry
         return result
 
-    def read_segments(self, segments: list[Segment]) -> KeySet:
-        """The keys of these committed segments, read from the store (the cache is not used)."""
+    def read_segments(self, segments: list[Segment]) -> DecodedSegment:
+        """The keys of these committed segments with their final stamps, in stored order, read
+        from the store (the cache is not used)."""
         parts = [
             self._resolved(raw, segment)
             for segment, raw in zip(segments, self.store.fetch(segments), strict=True)
         ]
-        if not parts:
-            return KeySet.empty(self.stamp_dtype)
-        # One sort of everything: merging part by part would copy the growing set every time.
-        stamps = None if self.stamp_dtype is None else np.concatenate([p.stamps for p in parts])
-        return KeySet.build(
-            np.concatenate([p.h1 for p in parts]), np.concatenate([p.h2 for p in parts]), stamps
+        stamps = None
+        if self.stamp_dtype is not None:
+            stamps = np.concatenate([p.stamps for p in parts] or [np.empty(0, self.stamp_dtype)])
+        empty = [np.empty(0, np.uint64)]
+        return DecodedSegment(
+            np.concatenate([p.h1 for p in parts] or empty),
+            np.concatenate([p.h2 for p in parts] or empty),
+            stamps,
         )
 
     def _decode(self, raw: SegmentBytes, segment: Segment) -> KeySet:

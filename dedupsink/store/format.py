@@ -260,39 +260,47 @@ def concat_segments(
     file_name: str,
     offset: int,
     forget_at_or_below: float | None = None,
+    each_key: bool = False,
 ) -> tuple[list[memoryview], Segment | None, float | None]:
-    """Several checked segments as one, without decoding: the ``h1`` lanes back to back, then
+    """Several checked segments as one, without sorting: the ``h1`` lanes back to back, then
     the ``h2`` lanes, then the stamps. Segments whose every stamp is at or below
-    ``forget_at_or_below`` are left out (their keys are forgotten). Returns the new segment's
-    byte chunks (views of ``raws``), its index entry at ``offset`` in ``file_name`` (None if
+    ``forget_at_or_below`` are left out (their keys are forgotten); with ``each_key`` so are
+    such keys of the other segments (a hash bucket's segments mix old and new keys; a time
+    bucket's are dropped whole). Returns the new segment's byte chunks (views of ``raws``
+    where no key was left out), its index entry at ``offset`` in ``file_name`` (None if
     nothing is left), and its largest stamp."""
     for raw, segment, path in zip(raws, segments, paths, strict=True):
         check_segment(raw, segment, stamp_dtype, path)
-    kept: list[tuple[SegmentBytes, Segment]] = []
-    top = None
+    width = 2 + (stamp_dtype is not None)
     little = None if stamp_dtype is None else np.dtype(stamp_dtype).newbyteorder("<")
+    kept: list[list[memoryview]] = []
+    count, top = 0, None
     for raw, segment in zip(raws, segments, strict=True):
-        if segment.count == 0:
-            continue
-        if little is not None:
-            stamps = np.frombuffer(
-                raw, dtype=little, offset=16 * segment.count, count=segment.count
-            )
+        n = segment.count
+        lanes = [memoryview(raw)[8 * n * lane : 8 * n * (lane + 1)] for lane in range(width)]
+        if n and little is not None:
+            stamps = np.frombuffer(lanes[2], dtype=little)
+            if forget_at_or_below is not None:
+                alive = stamps > forget_at_or_below
+                if not alive.any():
+                    continue
+                if each_key and not alive.all():
+                    lanes = [_kept_words(lane, alive) for lane in lanes]
+                    stamps, n = stamps[alive], int(alive.sum())
             highest = stamps.max().item()
-            if forget_at_or_below is not None and highest <= forget_at_or_below:
-                continue
             top = highest if top is None else max(top, highest)
-        kept.append((raw, segment))
+        if n:
+            kept.append(lanes)
+            count += n
     if not kept:
         return [], None, None
-    width = 2 + (stamp_dtype is not None)
-    chunks = [
-        memoryview(raw)[8 * segment.count * lane : 8 * segment.count * (lane + 1)]
-        for lane in range(width)
-        for raw, segment in kept
-    ]
+    chunks = [lanes[lane] for lane in range(width) for lanes in kept]
     crc = 0
     for chunk in chunks:
         crc = zlib.crc32(chunk, crc)
-    count = sum(segment.count for _, segment in kept)
     return chunks, Segment(file_name, offset, 8 * count * width, count, crc), top
+
+
+def _kept_words(lane: memoryview, keep: np.ndarray) -> memoryview:
+    """The 64-bit words of a lane where ``keep`` is set, as bytes."""
+    return memoryview(np.frombuffer(lane, dtype="<u8")[keep]).cast("B")
