@@ -440,6 +440,55 @@ def test_a_bucket_compacted_under_a_warm_cache_answers_as_one_built_afresh(
     assert sum(left_out) > 100, "no compacted segment was merged into a warm bucket"
 
 
+def test_a_process_takes_what_it_wrote_from_memory_and_answers_as_a_cache_built_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task's own process is told what it wrote: the next window reads those segments only
+    to check them, decodes none of them (a fold of held segments adds its new keys alone), and
+    still answers as a cache built from the store, through folds, expiry and re-sends."""
+    spec = MODES["own-time"]
+    options = {**spec["options"], "numBuckets": "1", "expiryPeriod": "2500"}
+    plan = make_plan(tmp_path, spec["schema"], **options)
+    decoded: list[tuple[BucketManager, int]] = []
+    decode = BucketManager._decode
+
+    def counting(self: BucketManager, raw: Any, segment: Any) -> KeySet:
+        decoded.append((self, segment.count))
+        return decode(self, raw, segment)
+
+    monkeypatch.setattr(BucketManager, "_decode", counting)
+    folds = 0
+
+    def window(number: int, ids: Sequence[int]) -> None:
+        nonlocal folds
+        rows = [{"id": i, "t": number * 100 + i % 50} for i in ids]
+        summary = run_task(
+            plan, TaskIdentity(QUERY, RUN, number, 0, 0), iter([batch_of(rows, plan.schema)])
+        )
+        folds += bool(summary.written and summary.written.supersedes)
+        assert commit_window(plan, [summary], number) is not None
+
+    window(0, range(2000))
+    rng = random.Random(7)
+    probe = list(range(0, 3000, 7))
+    for number in range(1, 40):
+        manifest = plan.store.read()
+        assert manifest is not None
+        own = manager_for(
+            plan.store,
+            manifest,
+            plan.options.max_cached_buckets,
+            stamp_dtype(plan.settings),
+            plan.options.max_cache_memory.nbytes,
+        )
+        fresh = BucketManager(plan.store, BucketCache(4), stamp_dtype(plan.settings))
+        assert expiry_answers(own, manifest, probe) == expiry_answers(fresh, manifest, probe)
+        new = range(2000 + 20 * number, 2020 + 20 * number)
+        window(number, [*new, *rng.sample(range(2000 + 20 * number), 5)])
+    assert folds >= 5, f"{folds} folds: the test proves little"
+    assert [count for manager, count in decoded if manager is own] == []
+
+
 # -- the memory a caching process gives back ------------------------------------------------
 
 ONE_WINDOW_THEN_ARROW_POOL = """

@@ -26,7 +26,13 @@ from dedupsink.engine.classify import (
 )
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.settings import Rows
-from dedupsink.sink.compaction import KeysContext, WrittenKeys, choose_folds, write_window_file
+from dedupsink.sink.compaction import (
+    KeysContext,
+    WrittenKeys,
+    choose_folds,
+    noted_segments,
+    write_window_file,
+)
 from dedupsink.sink.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
@@ -121,6 +127,7 @@ def run_task(
     context = classified.context
     folds = choose_folds(manager, manifest, context, new, identity.partition)
     summary.written = write_window_file(store, manifest, context, new, identity.partition, folds)
+    manager.note_written(manifest.version + 1, noted_segments(new, summary.written))
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary

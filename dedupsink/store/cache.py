@@ -8,6 +8,14 @@ to expired window files (their keys are at or below the expiry point, so the sta
 lookup already ignores them) or were compacted into a segment that is fetched in their place,
 so a cached bucket never answers differently from one built afresh. Only segments referenced by
 a committed manifest are ever loaded: uncommitted state is never served.
+
+A task also tells its process's manager what it wrote (``note_written``): each segment's new
+keys and the segments it folds. When the next manifest references that very segment (same
+file, offset, length and checksum), the manager still reads it and checks it (damage is found
+by the first window that needs the bucket, as always) but decodes nothing: it takes the new
+keys from memory, and a fold of segments the cached bucket already holds adds only its new
+keys, the folded ones being there already. Nothing noted is served before a manifest
+references it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from dedupsink.store.format import (
     Manifest,
     Segment,
     SegmentBytes,
+    check_segment,
     decode_segment,
 )
 from dedupsink.store.store import BucketStore
@@ -170,6 +179,15 @@ class BucketCache:
             return self._nbytes
 
 
+@dataclass(frozen=True)
+class WrittenSegment:
+    """A segment a task of this process wrote: its new keys as stored (stamps possibly
+    provisional) and the segments it folds."""
+
+    new: DecodedSegment
+    folds: frozenset[tuple[str, int]]
+
+
 class BucketManager:
     """Answers "is this key remembered?" for one committed manifest, through the cache."""
 
@@ -180,10 +198,30 @@ class BucketManager:
         self.cache = cache
         self.stamp_dtype = stamp_dtype
         self.manifest: Manifest | None = None
+        self._written: dict[Segment, tuple[int, WrittenSegment]] = {}
+        self._written_lock = threading.Lock()
 
     def use(self, manifest: Manifest) -> BucketManager:
         self.manifest = manifest
+        with self._written_lock:
+            # Kept for the version that commits them; older notes were committed or lost.
+            stale = [s for s, (window, _) in self._written.items() if window < manifest.version]
+            for segment in stale:
+                del self._written[segment]
         return self
+
+    def note_written(self, window: int, written: dict[Segment, WrittenSegment]) -> None:
+        """Remember what a task wrote as ``window``, for when a manifest references it."""
+        with self._written_lock:
+            for segment, keys in written.items():
+                self._written[segment] = (window, keys)
+
+    def _noted(self, segment: Segment, held: frozenset[tuple[str, int]]) -> WrittenSegment | None:
+        """What this process wrote as ``segment``, if it did and a cached bucket holding
+        ``held`` holds every segment it folds."""
+        with self._written_lock:
+            noted = self._written.get(segment)
+        return noted[1] if noted is not None and noted[1].folds <= held else None
 
     def remembered(
         self, buckets: np.ndarray, fps: Fingerprints, forget_at_or_below: float | None
@@ -210,36 +248,60 @@ class BucketManager:
         assert self.manifest is not None, "use(manifest) before lookups"
         entries: dict[int, CachedBucket] = {}
         missing: list[tuple[int, Segment]] = []
+        additions: dict[int, list[KeySet]] = {}
         compacted: set[int] = set()
+        noted: dict[Segment, KeySet] = {}
         for bucket in buckets:
-            entry = self.cache.get(bucket) or CachedBucket(KeySet.empty(self.stamp_dtype))
-            live = self.manifest.buckets.get(bucket, [])
-            fresh = [s for s in live if s.ident not in entry.segments]
-            stale = entry.segments - {s.ident for s in live}
+            entry, fresh, known, stale = self._catch_up(bucket)
             if stale and 2 * sum(s.count for s in fresh) >= len(entry):
                 # The bucket was compacted: re-reading it beats merging every key twice.
                 entry = CachedBucket(KeySet.empty(self.stamp_dtype))
-                fresh = live
+                fresh, known = self.manifest.buckets.get(bucket, []), {}
             elif stale:
                 compacted.add(bucket)
-            entries[bucket] = entry
-            missing.extend((bucket, segment) for segment in fresh)
+            entries[bucket], additions[bucket] = entry, []
+            noted.update(known)
+            missing.extend((bucket, segment) for segment in [*fresh, *known])
         fetched = self.store.fetch([segment for _, segment in missing])
-        additions: dict[int, list[tuple[Segment, KeySet]]] = {}
         for (bucket, segment), raw in zip(missing, fetched, strict=True):
-            additions.setdefault(bucket, []).append((segment, self._decode(raw, segment)))
+            if segment in noted:
+                check_segment(raw, segment, self.stamp_dtype, self.store.data_url(segment.file))
+                additions[bucket].append(noted[segment])
+                continue
+            part = self._decode(raw, segment)
+            additions[bucket].append(entries[bucket].unheld(part) if bucket in compacted else part)
         result: dict[int, CachedBucket] = {}
         for bucket, entry in entries.items():
-            added = additions.get(bucket, [])
-            if added:
+            parts = additions.get(bucket, [])
+            if parts:
                 idents = frozenset(s.ident for s in self.manifest.buckets.get(bucket, []))
-                parts = [part for _, part in added]
-                if bucket in compacted:
-                    parts = [entry.unheld(part) for part in parts]
                 entry = entry.added(parts, idents, forget_at_or_below)
             self.cache.put(bucket, entry)
             result[bucket] = entry
         return result
+
+    def _catch_up(
+        self, bucket: int
+    ) -> tuple[CachedBucket, list[Segment], dict[Segment, KeySet], frozenset[tuple[str, int]]]:
+        """A bucket's cached entry against the manifest: the segments to decode, those whose
+        new keys were noted in memory (with those keys), and the segments the entry holds that
+        the manifest no longer lists (and no noted fold accounts for)."""
+        assert self.manifest is not None
+        entry = self.cache.get(bucket) or CachedBucket(KeySet.empty(self.stamp_dtype))
+        live = self.manifest.buckets.get(bucket, [])
+        stale = entry.segments - {s.ident for s in live}
+        fresh: list[Segment] = []
+        noted: dict[Segment, KeySet] = {}
+        for segment in live:
+            if segment.ident in entry.segments:
+                continue
+            written = self._noted(segment, entry.segments)
+            if written is None:
+                fresh.append(segment)
+            else:
+                noted[segment] = self._final(written.new, segment)
+                stale -= written.folds
+        return entry, fresh, noted, stale
 
     def read_segments(self, segments: list[Segment]) -> DecodedSegment:
         """The keys of these committed segments with their final stamps, in stored order, read
@@ -259,14 +321,21 @@ class BucketManager:
         )
 
     def _decode(self, raw: SegmentBytes, segment: Segment) -> KeySet:
-        resolved = self._resolved(raw, segment)
+        return self._final(self._resolved(raw, segment), segment)
+
+    def _final(self, keys: DecodedSegment, segment: Segment) -> KeySet:
+        """A segment's keys, as stored, as a sorted set with their final stamps."""
+        resolved = self._resolved_stamps(keys, segment)
         return KeySet.build(resolved.h1, resolved.h2, resolved.stamps)
 
     def _resolved(self, raw: SegmentBytes, segment: Segment) -> DecodedSegment:
         """A segment's keys with their final stamps, in stored order."""
-        assert self.manifest is not None
         decoded = decode_segment(raw, segment, self.stamp_dtype, self.store.data_url(segment.file))
-        stamps = decoded.stamps
+        return self._resolved_stamps(decoded, segment)
+
+    def _resolved_stamps(self, keys: DecodedSegment, segment: Segment) -> DecodedSegment:
+        assert self.manifest is not None
+        stamps = keys.stamps
         window_file = self.manifest.files[segment.file]
         if stamps is not None and window_file.local_categories:
             stamps = _resolve_categories(stamps, window_file.local_categories, self.manifest)
@@ -277,7 +346,7 @@ class BucketManager:
         ):
             # A placeholder stamp means the time of the window that stored the key: the file's.
             stamps = np.where(stamps < 0, window_file.max_stamp, stamps)
-        return DecodedSegment(decoded.h1, decoded.h2, stamps)
+        return DecodedSegment(keys.h1, keys.h2, stamps)
 
 
 def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest) -> np.ndarray:
