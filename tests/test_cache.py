@@ -10,6 +10,7 @@ counters must behave. A window file that no manifest references must never be se
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -296,17 +297,25 @@ def test_replacing_a_bucket_counts_its_bytes_once() -> None:
     assert cache.nbytes == 300 * 16 and cache.info().size == 1
 
 
-def test_a_bucket_fed_a_few_keys_a_window_folds_its_recent_keys_sooner() -> None:
-    """Folding at bulk / sqrt(bulk / 2k) when that is above the fixed quarter: the bound on the
-    recent keys, merged every window, then grows as the square root of the bucket."""
+def test_a_bucket_fed_a_few_keys_a_window_keeps_them_in_runs_of_geometric_sizes() -> None:
+    """Runs fold at 1 / (bulk / 2k) ** (1 / 3) of the next larger when that is above the fixed
+    quarter: at most two runs besides the bulk, each that fraction of the next or less, and
+    together every key added, found by a lookup."""
     assert cache_module._fold_ratio(1_000, 1_000) == 4  # a time bucket filling up
-    assert cache_module._fold_ratio(405_000, 281) == pytest.approx(26.8, abs=0.1)
+    assert cache_module._fold_ratio(405_000, 281) == pytest.approx(8.97, abs=0.01)
     bulk = KeySet.build(*(np.arange(1, 40_001, dtype=np.uint64),) * 2, None)
     entry = CachedBucket(bulk)
     for start in range(50_000, 60_000, 28):
         part = np.arange(start, start + 28, dtype=np.uint64)
         entry = entry.added([KeySet.build(part, part, None)], frozenset(), None)
-        assert entry.recent is None or len(entry.recent) * 26 < len(entry.keys)
+        runs = [entry.keys, *entry.recent]
+        ratio = cache_module._fold_ratio(len(entry.keys), 28)
+        assert len(runs) <= 3
+        assert all(len(small) * ratio < len(big) for big, small in itertools.pairwise(runs))
+    everything = np.concatenate([np.arange(1, 40_001), np.arange(50_000, start + 28)])
+    everything = everything.astype(np.uint64)
+    assert entry.merged().h1.tolist() == everything.tolist()
+    assert entry.contains(Fingerprints(everything, everything), None).all()
     assert entry.added([], frozenset({("f", 8)}), None).segments == frozenset({("f", 8)})
 
 

@@ -20,7 +20,6 @@ references it.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -52,27 +51,35 @@ class CacheInfo(NamedTuple):
 
 @dataclass
 class CachedBucket:
-    """A bucket's keys as two sorted sets: the bulk, and the keys added since it was last
-    rebuilt. New segments merge into the small set only, and the small set folds into the bulk
-    once it reaches a quarter of it, so a window's new keys cost in proportion to themselves,
-    not to the whole bucket (amortised: each key is merged a constant number of times)."""
+    """A bucket's keys as a few sorted sets, largest first: the bulk, then the keys added since
+    it was last rebuilt, in runs of decreasing size (``recent``). New keys merge into the
+    smallest run only, and a run folds into the next larger once it reaches a fraction of it,
+    so a window's new keys cost in proportion to themselves and a few runs' sizes, not to the
+    whole bucket."""
 
     keys: KeySet
     segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
-    recent: KeySet | None = None
+    recent: tuple[KeySet, ...] = ()
 
     def __len__(self) -> int:
-        return len(self.keys) + (0 if self.recent is None else len(self.recent))
+        return len(self.keys) + sum(len(run) for run in self.recent)
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + (0 if self.recent is None else self.recent.nbytes)
+        return self.keys.nbytes + sum(run.nbytes for run in self.recent)
 
     def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
-        found = self.keys.contains(fps, forget_at_or_below)
-        if self.recent is not None and len(self.recent):
-            found |= self.recent.contains(fps, forget_at_or_below, filtered=False)
-        return found
+        if not self.recent:
+            return self.keys.contains(fps, forget_at_or_below)
+        # Sorted once for every run: each binary search then narrows the next.
+        order = np.argsort(fps.h1)
+        ordered = fps.take(order)
+        found = self.keys.contains(ordered, forget_at_or_below, presorted=True)
+        for run in self.recent:
+            found |= run.contains(ordered, forget_at_or_below, filtered=False, presorted=True)
+        answer = np.empty_like(found)
+        answer[order] = found
+        return answer
 
     def added(
         self, parts: list[KeySet], segments: frozenset[tuple[str, int]], forget: float | None
@@ -80,41 +87,53 @@ class CachedBucket:
         added = sum(len(part) for part in parts)
         if not added:
             return CachedBucket(self.keys, segments, self.recent)
-        recent = self.recent or KeySet.empty(
-            None if self.keys.stamps is None else self.keys.stamps.dtype
-        )
-        for part in parts:
-            recent = recent.merge(part)
-        if len(recent) * _fold_ratio(len(self.keys), added) >= len(self.keys):
-            return CachedBucket(self.keys.merge(recent).alive(forget), segments)
-        return CachedBucket(self.keys, segments, recent)
+        new = parts[0]
+        for part in parts[1:]:
+            new = new.merge(part)
+        runs = [self.keys, *self.recent]
+        if len(runs) < _RUNS:
+            runs.append(new)
+        else:
+            runs[-1] = runs[-1].merge(new)
+        ratio = _fold_ratio(len(self.keys), added)
+        while len(runs) > 1 and len(runs[-1]) * ratio >= len(runs[-2]):
+            smallest = runs.pop()
+            runs[-1] = runs[-1].merge(smallest)
+        bulk = runs[0] if runs[0] is self.keys else runs[0].alive(forget)
+        return CachedBucket(bulk, segments, tuple(runs[1:]))
 
     def unheld(self, part: KeySet) -> KeySet:
         """The keys of ``part`` this bucket does not already hold with at least their stamp:
         a compacted segment's keys are mostly the folded segments' again."""
         held = part.held_in(self.keys)
-        if self.recent is not None:
-            held |= part.held_in(self.recent)
+        for run in self.recent:
+            held |= part.held_in(run)
         return part.without(held) if held.any() else part
 
     def merged(self) -> KeySet:
-        return self.keys if self.recent is None else self.keys.merge(self.recent)
+        keys = self.keys
+        for run in self.recent:
+            keys = keys.merge(run)
+        return keys
 
 
 # Measured on a day of one-minute windows into one-hour buckets: folding at a quarter keeps a
 # window's merge cost flat through the hour (an eighth grew it 2x, a half cost more throughout).
 _FOLD_RATIO = 4
+_RUNS = 3
 
 
 def _fold_ratio(bulk: int, added: int) -> float:
-    """Fold the recent keys into the bulk once they reach ``bulk / ratio``.
+    """Fold a run into the next larger once it reaches ``1 / ratio`` of it.
 
-    With ``added`` keys a window, merging into the recent keys costs about ``bulk / (2 ratio)``
-    a window and folding ``ratio * added``, least at ``ratio = sqrt(bulk / (2 added))``. A time
-    bucket fills within its span and stays near the fixed quarter; a hash bucket receives a few
-    keys every window for the whole expiry period, and there a fixed ratio made each window's
-    merge cost grow with the bucket (a day of 64 buckets at 18,000 new keys a window: 2.4x)."""
-    return max(_FOLD_RATIO, math.sqrt(bulk / (2 * added)))
+    With ``added`` keys a window and ``k`` runs of sizes in ratio ``r``, merging costs about
+    ``k * r * added`` a window (each key is merged once per run, into a set about ``r`` times
+    the merges between two folds of it), least when the runs span the bulk in equal steps:
+    ``r = (bulk / added) ** (1 / k)``. A time bucket fills within its span and stays near the
+    fixed quarter; a hash bucket receives a few keys every window for the whole expiry period,
+    and there a fixed ratio made each window's merge cost grow with the bucket (a day of 64
+    buckets at 18,000 new keys a window: 2.4x), as did two runs (1.9x)."""
+    return max(_FOLD_RATIO, (bulk / (2 * added)) ** (1 / _RUNS))
 
 
 class BucketCache:
