@@ -249,8 +249,8 @@ class BucketStore:
                 view[: len(part)] = part
                 filled[id(view)] = len(part)
 
-        if len(reads) <= 1:
-            for group in reads:
+        if len(reads) <= 1 or not self.storage.remote:
+            for group in reads:  # local reads are quicker than handing them to threads
                 one(group)
         else:
             list(_pool().map(one, reads))
