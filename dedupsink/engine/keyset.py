@@ -230,7 +230,10 @@ class KeySet:
 
 
 # Below this many keys a binary search is cheap enough that building a filter does not pay.
-_FILTER_FROM_KEYS = 65_536
+# Merges carry a built filter (it is rebuilt only when the set doubles or drops keys), so it
+# pays from a few thousand keys: a bucket of 30,000 answered 64 windows' lookups in 5.1 ms
+# a window with it from 8,192 keys, 6.6 ms from 65,536 (10,000 keys: 4.4 and 4.8 ms).
+_FILTER_FROM_KEYS = 8_192
 _FILTER_SLOTS_PER_KEY = 8
 
 
