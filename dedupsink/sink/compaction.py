@@ -31,7 +31,7 @@ import numpy as np
 
 from dedupsink.engine.classify import NewKeys, WindowClassifier, stamp_dtype
 from dedupsink.engine.settings import Settings
-from dedupsink.store.cache import BucketManager, WrittenSegment
+from dedupsink.store.cache import BucketManager
 from dedupsink.store.format import (
     DecodedSegment,
     Manifest,
@@ -208,26 +208,6 @@ def write_window_file(
     )
     written.segments = segments
     return written
-
-
-def noted_segments(new: NewKeys, written: WrittenKeys) -> dict[Segment, WrittenSegment]:
-    """What the task wrote, for its process's cache: each segment's new keys (as stored) and
-    the segments it folds."""
-    if not written.segments:
-        return {}
-    order = np.argsort(new.buckets, kind="stable")
-    distinct, starts = np.unique(new.buckets[order], return_index=True)
-    ends = np.append(starts[1:], len(order))
-    rows = {b: order[a:z] for b, a, z in zip(distinct.tolist(), starts, ends, strict=True)}
-    empty = np.empty(0, dtype=np.int64)
-    noted: dict[Segment, WrittenSegment] = {}
-    for bucket, segment in written.segments.items():
-        mine = rows.get(bucket, empty)
-        stamps = None if new.stamps is None else new.stamps[mine]
-        keys = DecodedSegment(new.h1[mine], new.h2[mine], stamps)
-        folds = frozenset(written.supersedes.get(bucket, []))
-        noted[segment] = WrittenSegment(keys, folds)
-    return noted
 
 
 def _with_decoded_folds(new: NewKeys, folds: list[Fold]) -> NewKeys:

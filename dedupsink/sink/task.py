@@ -30,7 +30,6 @@ from dedupsink.sink.compaction import (
     KeysContext,
     WrittenKeys,
     choose_folds,
-    noted_segments,
     write_window_file,
 )
 from dedupsink.sink.output import PortFile, PortWriters, staging_folder
@@ -127,7 +126,8 @@ def run_task(
     context = classified.context
     folds = choose_folds(manager, manifest, context, new, identity.partition)
     summary.written = write_window_file(store, manifest, context, new, identity.partition, folds)
-    manager.note_written(manifest.version + 1, noted_segments(new, summary.written))
+    written = summary.written
+    manager.note_written(manifest.version + 1, new, written.segments, written.supersedes)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dedupsink.engine.classify import NewKeys
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import KeySet
 from dedupsink.store.format import (
@@ -198,6 +199,10 @@ class BucketCache:
             return self._nbytes
 
 
+_NOTED_BYTES_PER_KEY = 24  # two 64-bit fingerprint words and a stamp
+_NOTES_WITHOUT_BOUND = 64 << 20
+
+
 @dataclass(frozen=True)
 class WrittenSegment:
     """A segment a task of this process wrote: its new keys as stored (stamps possibly
@@ -218,6 +223,7 @@ class BucketManager:
         self.stamp_dtype = stamp_dtype
         self.manifest: Manifest | None = None
         self._written: dict[Segment, tuple[int, WrittenSegment]] = {}
+        self._noted_bytes = 0
         self._written_lock = threading.Lock()
 
     def use(self, manifest: Manifest) -> BucketManager:
@@ -226,14 +232,44 @@ class BucketManager:
             # Kept for the version that commits them; older notes were committed or lost.
             stale = [s for s, (window, _) in self._written.items() if window < manifest.version]
             for segment in stale:
-                del self._written[segment]
+                self._noted_bytes -= _NOTED_BYTES_PER_KEY * len(
+                    self._written.pop(segment)[1].new.h1
+                )
         return self
 
-    def note_written(self, window: int, written: dict[Segment, WrittenSegment]) -> None:
-        """Remember what a task wrote as ``window``, for when a manifest references it."""
+    def note_written(
+        self,
+        window: int,
+        new: NewKeys,
+        segments: dict[int, Segment],
+        folds: dict[int, list[tuple[str, int]]],
+    ) -> None:
+        """Remember what a task wrote as ``window`` (its new keys, the segments holding them
+        and the segments each folds), for when a manifest references it.
+
+        Notes take at most an eighth of the cache's byte bound, the newest kept: a batch
+        write's tasks all note the same window, and a large task's notes would otherwise add
+        its whole key set to the worker's memory."""
+        nbytes = _NOTED_BYTES_PER_KEY * len(new.h1)
+        budget = (self.cache.max_bytes or _NOTES_WITHOUT_BOUND) // 8
+        if not segments or nbytes > budget:
+            return
+        order = np.argsort(new.buckets, kind="stable")
+        distinct, starts = np.unique(new.buckets[order], return_index=True)
+        ends = np.append(starts[1:], len(order))
+        rows = {b: order[a:z] for b, a, z in zip(distinct.tolist(), starts, ends, strict=True)}
+        empty = np.empty(0, dtype=np.int64)
         with self._written_lock:
-            for segment, keys in written.items():
-                self._written[segment] = (window, keys)
+            for bucket, segment in segments.items():
+                mine = rows.get(bucket, empty)
+                stamps = None if new.stamps is None else new.stamps[mine]
+                keys = DecodedSegment(new.h1[mine], new.h2[mine], stamps)
+                written = WrittenSegment(keys, frozenset(folds.get(bucket, [])))
+                self._written[segment] = (window, written)
+            self._noted_bytes += nbytes
+            while self._noted_bytes > budget and self._written:
+                oldest = next(iter(self._written))
+                self._noted_bytes -= _NOTED_BYTES_PER_KEY * len(self._written.pop(oldest)[1].new.h1)
 
     def _noted(self, segment: Segment, held: frozenset[tuple[str, int]]) -> WrittenSegment | None:
         """What this process wrote as ``segment``, if it did and a cached bucket holding
