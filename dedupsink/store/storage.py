@@ -314,9 +314,17 @@ class LocalStorage(Storage):
             os.close(descriptor)
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        buffer = bytearray(max(end - start, 0))
-        filled = self.read_into(path, start, memoryview(buffer))
-        return bytes(buffer[:filled]) if filled < len(buffer) else bytes(buffer)
+        descriptor = os.open(self.fs._strip_protocol(path), os.O_RDONLY)
+        try:
+            data = os.pread(descriptor, max(end - start, 0), start)
+            while len(data) < end - start:  # a short read: the rest, until the file's end
+                more = os.pread(descriptor, end - start - len(data), start + len(data))
+                if not more:
+                    break
+                data += more
+            return data
+        finally:
+            os.close(descriptor)
 
     def _entry(self, info: dict[str, Any]) -> Entry:
         return Entry(
