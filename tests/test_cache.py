@@ -25,7 +25,13 @@ import pyarrow as pa
 import pytest
 from reference import ReferenceDedup
 
-from dedupsink.engine.classify import PORTS, CommittedState, WindowClassifier, stamp_dtype
+from dedupsink.engine.classify import (
+    PORTS,
+    CommittedState,
+    NewKeys,
+    WindowClassifier,
+    stamp_dtype,
+)
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings, resolve
@@ -35,7 +41,7 @@ from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.task import run_task
 from dedupsink.store import cache as cache_module
 from dedupsink.store.cache import BucketCache, BucketManager, CachedBucket, manager_for
-from dedupsink.store.format import Manifest, encode_segments
+from dedupsink.store.format import Manifest, Segment, encode_segments
 from dedupsink.store.store import BucketStore, window_file_name
 
 QUERY = "cache-query"
@@ -496,6 +502,28 @@ def test_a_process_takes_what_it_wrote_from_memory_and_answers_as_a_cache_built_
         window(number, [*new, *rng.sample(range(2000 + 20 * number), 5)])
     assert folds >= 5, f"{folds} folds: the test proves little"
     assert [count for manager, count in decoded if manager is own] == []
+
+
+def test_notes_of_what_a_task_wrote_take_at_most_an_eighth_of_the_cache_bound(
+    tmp_path: Path,
+) -> None:
+    """A batch write's tasks all note one window: the newest notes are kept within an eighth
+    of the cache's byte bound, and a task whose keys alone exceed it notes nothing."""
+    store = BucketStore(str(tmp_path / "store"))
+    manager = BucketManager(store, BucketCache(4, max_bytes=8 * 24 * 1_000), None)
+
+    def task(first: int, n: int) -> Segment:
+        h = np.arange(first, first + n, dtype=np.uint64)
+        segment = Segment(f"w{first}", 8, 16 * n, n, first)
+        manager.note_written(1, NewKeys(h, h, np.zeros(n, np.int64), None), {0: segment}, {})
+        return segment
+
+    older, newer = task(0, 600), task(1_000, 600)
+    assert manager._noted(older, frozenset()) is None
+    noted = manager._noted(newer, frozenset())
+    assert noted is not None and noted.new.h1.tolist() == list(range(1_000, 1_600))
+    assert manager._noted(task(5_000, 1_001), frozenset()) is None
+    assert manager._noted(newer, frozenset()) is not None
 
 
 # -- the memory a caching process gives back ------------------------------------------------
