@@ -26,12 +26,7 @@ from dedupsink.engine.classify import (
 )
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.settings import Rows
-from dedupsink.sink.compaction import (
-    KeysContext,
-    WrittenKeys,
-    choose_folds,
-    write_window_file,
-)
+from dedupsink.sink.compaction import KeysContext, WrittenKeys, choose_folds, write_window_file
 from dedupsink.sink.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task

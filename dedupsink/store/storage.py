@@ -42,7 +42,7 @@ import os
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
@@ -298,11 +298,11 @@ class LocalStorage(Storage):
     def handles(cls, fs_class: type) -> bool:
         return issubclass(fs_class, LocalFileSystem)
 
+    # Positioned reads on a file descriptor: a window's lookups and folds read dozens of
+    # segments, and fsspec's file object costs more per read than the read itself.
+
     def read_into(self, path: str, offset: int, view: memoryview) -> int:
-        # One positioned read on a file descriptor: a window's lookups and folds read dozens
-        # of segments, and fsspec's file object costs more per read than the read itself.
-        descriptor = os.open(self.fs._strip_protocol(path), os.O_RDONLY)
-        try:
+        with self._descriptor(path) as descriptor:
             filled = 0
             while filled < len(view):
                 got = os.preadv(descriptor, [view[filled:]], offset + filled)
@@ -310,12 +310,9 @@ class LocalStorage(Storage):
                     break
                 filled += got
             return filled
-        finally:
-            os.close(descriptor)
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        descriptor = os.open(self.fs._strip_protocol(path), os.O_RDONLY)
-        try:
+        with self._descriptor(path) as descriptor:
             data = os.pread(descriptor, max(end - start, 0), start)
             while len(data) < end - start:  # a short read: the rest, until the file's end
                 more = os.pread(descriptor, end - start - len(data), start + len(data))
@@ -323,6 +320,12 @@ class LocalStorage(Storage):
                     break
                 data += more
             return data
+
+    @contextlib.contextmanager
+    def _descriptor(self, path: str) -> Iterator[int]:
+        descriptor = os.open(self.fs._strip_protocol(path), os.O_RDONLY)
+        try:
+            yield descriptor
         finally:
             os.close(descriptor)
 
