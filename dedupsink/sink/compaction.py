@@ -15,11 +15,11 @@ the commit replaces the folded segments with it (``nextversion.apply_compaction`
   file holds one segment per bucket.
 
 Either way a fold concatenates the segments lane by lane and sorts nothing (readers sort, and
-keep a key's largest stamp if a bucket holds it twice: a forgotten key seen again). Where stamps are final it concatenates their bytes, nothing
-decoded; in categorical and systemTime a file's stamps may be provisional, meaningful only
-with its own index entry, so there the fold decodes them to their final values. Keys at or
-below the expiry point are left out: whole segments of a time bucket, each key of a hash
-bucket (whose segments mix old and new keys).
+keep a key's largest stamp if a bucket holds it twice: a forgotten key seen again). Where
+stamps are final it concatenates their bytes, nothing decoded; in categorical and systemTime a
+file's stamps may be provisional, meaningful only with its own index entry, so there the fold
+decodes them to their final values. Keys at or below the expiry point are left out: whole
+segments of a time bucket, each key of a hash bucket (whose segments mix old and new keys).
 """
 
 from __future__ import annotations
