@@ -232,9 +232,7 @@ class BucketManager:
             # Kept for the version that commits them; older notes were committed or lost.
             stale = [s for s, (window, _) in self._written.items() if window < manifest.version]
             for segment in stale:
-                self._noted_bytes -= _NOTED_BYTES_PER_KEY * len(
-                    self._written.pop(segment)[1].new.h1
-                )
+                self._drop_note(segment)
         return self
 
     def note_written(
@@ -254,10 +252,7 @@ class BucketManager:
         budget = (self.cache.max_bytes or _NOTES_WITHOUT_BOUND) // 8
         if not segments or nbytes > budget:
             return
-        order = np.argsort(new.buckets, kind="stable")
-        distinct, starts = np.unique(new.buckets[order], return_index=True)
-        ends = np.append(starts[1:], len(order))
-        rows = {b: order[a:z] for b, a, z in zip(distinct.tolist(), starts, ends, strict=True)}
+        rows = _rows_by_bucket(new.buckets)
         empty = np.empty(0, dtype=np.int64)
         with self._written_lock:
             for bucket, segment in segments.items():
@@ -268,8 +263,12 @@ class BucketManager:
                 self._written[segment] = (window, written)
             self._noted_bytes += nbytes
             while self._noted_bytes > budget and self._written:
-                oldest = next(iter(self._written))
-                self._noted_bytes -= _NOTED_BYTES_PER_KEY * len(self._written.pop(oldest)[1].new.h1)
+                self._drop_note(next(iter(self._written)))  # the oldest
+
+    def _drop_note(self, segment: Segment) -> None:
+        """Forget one note (the lock is held)."""
+        _, written = self._written.pop(segment)
+        self._noted_bytes -= _NOTED_BYTES_PER_KEY * len(written.new.h1)
 
     def _noted(self, segment: Segment, held: frozenset[tuple[str, int]]) -> WrittenSegment | None:
         """What this process wrote as ``segment``, if it did and a cached bucket holding
@@ -402,6 +401,14 @@ class BucketManager:
             # A placeholder stamp means the time of the window that stored the key: the file's.
             stamps = np.where(stamps < 0, window_file.max_stamp, stamps)
         return DecodedSegment(keys.h1, keys.h2, stamps)
+
+
+def _rows_by_bucket(buckets: np.ndarray) -> dict[int, np.ndarray]:
+    """The positions of each bucket's keys."""
+    order = np.argsort(buckets, kind="stable")
+    distinct, starts = np.unique(buckets[order], return_index=True)
+    ends = np.append(starts[1:], len(order))
+    return {b: order[a:z] for b, a, z in zip(distinct.tolist(), starts, ends, strict=True)}
 
 
 def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest) -> np.ndarray:
