@@ -50,14 +50,12 @@ COMPACT_BUCKETS_PER_WINDOW = 8
 @dataclass
 class Fold:
     """Segments of one bucket to rewrite as one: as their stored bytes, or (provisional
-    stamps) as their decoded keys, already without the expired ones. ``each_key``: drop
-    expired keys one by one (hash buckets), not only segments whose keys all expired."""
+    stamps) as their decoded keys, already without the expired ones."""
 
     bucket: int
     segments: list[Segment]
     raw: Sequence[SegmentBytes] | None = None
     keys: DecodedSegment | None = None
-    each_key: bool = False
 
 
 @dataclass
@@ -104,9 +102,7 @@ def choose_folds(
             keys = _alive(manager.read_segments(segments), context.expiry_point)
             folds.append(Fold(bucket, segments, keys=keys))
         else:
-            folds.append(
-                Fold(bucket, segments, manager.store.fetch(segments), each_key=not by_time)
-            )
+            folds.append(Fold(bucket, segments, manager.store.fetch(segments)))
     return folds
 
 
@@ -174,6 +170,7 @@ def write_window_file(
     # The new keys of buckets folded as bytes join their folds, as segments of their own.
     joined, joined_segments = _encode(keys, joining, name)
     dtype = stamp_dtype(context.settings)
+    each_key = not context.settings.buckets_by_time  # a hash bucket's segments mix old and new
     for fold, raw in byte_folds:
         raws, parts = list(raw), list(fold.segments)
         paths = [store.data_url(s.file) for s in fold.segments]
@@ -183,7 +180,7 @@ def write_window_file(
             parts.insert(0, own)
             paths.insert(0, store.data_url(name))
         pieces, segment, top = concat_segments(
-            raws, parts, dtype, paths, name, nbytes, context.expiry_point, fold.each_key
+            raws, parts, dtype, paths, name, nbytes, context.expiry_point, each_key
         )
         if segment is None:
             continue  # every folded key is expired: the folded segments just leave the index
