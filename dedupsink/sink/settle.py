@@ -365,11 +365,10 @@ def settle_in_task(
     return TaskSettlement(settlement, yielded)
 
 
-def _check_rows(output: Output, files: list[PortFile], keys: int, how: str) -> None:
+def _check_rows(output: Output, port: str, files: list[PortFile], keys: int, how: str) -> None:
     """A task's staged files hold one row per key it staged for them, or the store is damaged."""
     rows = sum(record.rows for record in files)
     if rows != keys:
-        port = files[0].port if files else "unique"
         raise StoreError(
             f"staged {port} files {[output.path(r.path) for r in files]} hold {rows} rows, "
             f"but their task {how} {keys} keys for them"
@@ -380,7 +379,7 @@ def _rewrite_unique(output: Output, writers: PortWriters, yielded: np.ndarray) -
     """Move the marked rows of the task's earlier unique files (one per chunk, in order) to its
     duplicate file, rewriting only the files that hold any; returns the files replaced."""
     files = writers.closed("unique")
-    _check_rows(output, files, len(yielded), "found")
+    _check_rows(output, "unique", files, len(yielded), "found")
     replaced = []
     for record, marks in zip(files, _per_file(yielded, files), strict=True):
         if marks.any():
@@ -467,7 +466,7 @@ def _move_rows(
     if at_end:
         sources = sources[:1]
         rows = np.concatenate([np.zeros(sources[0].rows - len(rows), dtype=bool), rows])
-    _check_rows(output, sources, len(rows), "staged")
+    _check_rows(output, source, sources, len(rows), "staged")
     replaced = []
     for record, marks in zip(sources, _per_file(rows, sources), strict=True):
         if not marks.any():
