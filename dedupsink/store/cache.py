@@ -326,7 +326,7 @@ class BucketManager:
             additions[bucket].append(entries[bucket].unheld(part) if bucket in compacted else part)
         result: dict[int, CachedBucket] = {}
         for bucket, entry in entries.items():
-            parts = additions.get(bucket, [])
+            parts = additions[bucket]
             if parts:
                 idents = frozenset(s.ident for s in self.manifest.buckets.get(bucket, []))
                 entry = entry.added(parts, idents, forget_at_or_below)
