@@ -38,7 +38,7 @@ from dedupsink.engine.settings import Settings, resolve
 from dedupsink.options import DedupOptions
 from dedupsink.sink.commit import commit_window
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
-from dedupsink.sink.task import run_task
+from dedupsink.sink.task import TaskSummary, run_task
 from dedupsink.store import cache as cache_module
 from dedupsink.store.cache import BucketCache, BucketManager, CachedBucket, manager_for
 from dedupsink.store.format import Manifest, Segment, encode_segments
@@ -416,6 +416,15 @@ def expiry_answers(manager: BucketManager, manifest: Manifest, ids: Sequence[int
     return manager.use(manifest).remembered(np.zeros(len(ids), np.int64), fps, point).tolist()
 
 
+def own_time_window(plan: SinkPlan, number: int, ids: Sequence[int]) -> TaskSummary:
+    """One committed window of ``ids``, each stamped with a time of the window's own."""
+    rows = [{"id": i, "t": number * 100 + i % 50} for i in ids]
+    batch = batch_of(rows, plan.schema)
+    summary = run_task(plan, TaskIdentity(QUERY, RUN, number, 0, 0), iter([batch]))
+    assert commit_window(plan, [summary], number) is not None
+    return summary
+
+
 def test_a_bucket_compacted_under_a_warm_cache_answers_as_one_built_afresh(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -434,13 +443,7 @@ def test_a_bucket_compacted_under_a_warm_cache_answers_as_one_built_afresh(
 
     monkeypatch.setattr(CachedBucket, "unheld", counting)
 
-    def window(number: int, ids: Sequence[int]) -> None:
-        rows = [{"id": i, "t": number * 100 + i % 50} for i in ids]
-        batch = batch_of(rows, plan.schema)
-        summary = run_task(plan, TaskIdentity(QUERY, RUN, number, 0, 0), iter([batch]))
-        assert commit_window(plan, [summary], number) is not None
-
-    window(0, range(2000))
+    own_time_window(plan, 0, range(2000))
     warm = BucketManager(plan.store, BucketCache(4), stamp_dtype(plan.settings))
     rng = random.Random(5)
     probe = list(range(0, 3000, 7))
@@ -451,7 +454,7 @@ def test_a_bucket_compacted_under_a_warm_cache_answers_as_one_built_afresh(
         assert expiry_answers(warm, manifest, probe) == expiry_answers(fresh, manifest, probe)
         # New ids, and re-sent ones: forgotten ones come back with a later value.
         new = range(2000 + 20 * number, 2020 + 20 * number)
-        window(number, [*new, *rng.sample(range(2000 + 20 * number), 5)])
+        own_time_window(plan, number, [*new, *rng.sample(range(2000 + 20 * number), 5)])
     assert sum(left_out) > 100, "no compacted segment was merged into a warm bucket"
 
 
@@ -476,12 +479,8 @@ def test_a_process_takes_what_it_wrote_from_memory_and_answers_as_a_cache_built_
 
     def window(number: int, ids: Sequence[int]) -> None:
         nonlocal folds
-        rows = [{"id": i, "t": number * 100 + i % 50} for i in ids]
-        summary = run_task(
-            plan, TaskIdentity(QUERY, RUN, number, 0, 0), iter([batch_of(rows, plan.schema)])
-        )
+        summary = own_time_window(plan, number, ids)
         folds += bool(summary.written and summary.written.supersedes)
-        assert commit_window(plan, [summary], number) is not None
 
     window(0, range(2000))
     rng = random.Random(7)
@@ -534,7 +533,7 @@ import pyarrow as pa
 from dedupsink.engine.settings import resolve
 from dedupsink.options import DedupOptions
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
-from dedupsink.sink.task import run_task
+from dedupsink.sink.task import TaskSummary, run_task
 
 batch = pa.record_batch({"id": pa.array(range(100), pa.int64())})
 options = DedupOptions.parse({"path": sys.argv[1], "keys": "id"})
