@@ -33,7 +33,7 @@ from dedupsink.engine.classify import (
     stamp_dtype,
 )
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint
-from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.keyset import KeyFilter, KeySet
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.options import DedupOptions
 from dedupsink.sink.commit import commit_window
@@ -323,6 +323,38 @@ def test_a_bucket_fed_a_few_keys_a_window_keeps_them_in_runs_of_geometric_sizes(
     assert entry.merged().h1.tolist() == everything.tolist()
     assert entry.contains(Fingerprints(everything, everything), None).all()
     assert entry.added([], frozenset({("f", 8)}), None).segments == frozenset({("f", 8)})
+
+
+def test_a_large_buckets_filter_is_handed_on_with_each_windows_keys() -> None:
+    """The filter a large lookup builds serves the following versions of the bucket: each sets
+    its new keys' bits, so it holds the bits of a filter built afresh over all the bucket's
+    sets, and lookups through it answer as searches of every set do. Dropping keys, or
+    outgrowing the filter's slots, leaves it to be rebuilt."""
+    rng = np.random.default_rng(5)
+
+    def random_keys(n: int, stamp: int) -> KeySet:
+        lanes = (rng.integers(0, 2**64 - 1, n, dtype=np.uint64) for _ in range(2))
+        return KeySet.build(*lanes, np.full(n, stamp, np.int64))
+
+    entry = CachedBucket(random_keys(20_000, 1))
+    queries = Fingerprints(*(np.sort(rng.integers(0, 2**64 - 1, 500, dtype=np.uint64)),) * 2)
+    assert not entry.contains(queries, None).any() and entry.key_filter is not None
+    built = entry.key_filter
+    for window in range(2, 40):
+        entry = entry.added([random_keys(60, window)], frozenset(), None)
+        assert entry.key_filter is built
+    assert np.array_equal(built.bits, KeyFilter.over([entry.keys, *entry.recent]).bits)
+    every = entry.merged()
+    probe = rng.choice(len(every), 400, replace=False)
+    order = np.argsort(every.h1[probe])
+    present = Fingerprints(every.h1[probe][order], every.h2[probe][order])
+    assert entry.contains(present, None).all()
+    assert entry.contains(present, 20).tolist() == (every.stamps[probe][order] > 20).tolist()
+    expired = entry.added([random_keys(10_000, 50)], frozenset(), 1)  # a fold drops stamp 1
+    assert expired.keys.stamps is not None and (expired.keys.stamps > 1).all()
+    assert expired.key_filter is None
+    grown = entry.added([random_keys(20_000, 60)], frozenset(), None)  # needs twice the slots
+    assert grown.key_filter is None
 
 
 def test_capacity_one_keeps_only_the_last_bucket() -> None:

@@ -36,7 +36,7 @@ from dedupsink.engine.classify import (
     split,
 )
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences
-from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.keyset import KeyFilter, KeySet
 from dedupsink.engine.settings import ERROR_COLUMN, Settings, resolve
 from dedupsink.options import DedupOptions
 
@@ -921,8 +921,11 @@ def test_keyset_lookup_respects_the_expiry_point_and_shared_h1(seed: int) -> Non
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_large_keyset_lookup_through_its_filter_matches_the_model(seed: int) -> None:
-    """Sets past the filter threshold: present, absent and shared-h1 queries all answer right."""
+def test_large_keyset_lookup_matches_the_model_and_its_filter_turns_away_only_absent_keys(
+    seed: int,
+) -> None:
+    """Present, absent and shared-h1 queries all answer right; a filter over the set says
+    "maybe" for every key it holds and turns away most absent ones."""
     rng = np.random.default_rng(seed)
     n = 100_000
     h1 = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
@@ -943,30 +946,10 @@ def test_large_keyset_lookup_through_its_filter_matches_the_model(seed: int) -> 
             for a, b in zip(q1.tolist(), q2.tolist(), strict=True)
         ]
         assert found == expected, point
-    assert keys.nbytes == 3 * 8 * n + (1 << 20) // 8  # keys plus a filter of 2**20 bits
-
-
-def test_a_merge_carries_the_larger_sets_filter_as_if_built_afresh() -> None:
-    """The bulk of a cached bucket keeps its filter through a merge: the carried bits are the
-    bits a filter built from the merged keys would have, and lookups through it answer right."""
-    rng = np.random.default_rng(11)
-
-    def random_keys(n: int) -> KeySet:
-        lanes = (rng.integers(0, 2**64 - 1, n, dtype=np.uint64) for _ in range(2))
-        return KeySet.build(*lanes, rng.integers(0, 100, n).astype(np.int64))
-
-    bulk, recent = random_keys(100_000), random_keys(3_000)
-    absent = Fingerprints(*(rng.integers(0, 2**64 - 1, 500, dtype=np.uint64) for _ in range(2)))
-    assert not bulk.contains(absent).any()  # the first lookup builds the bulk's filter
-    merged = bulk.merge(recent)
-    assert "_filter" in merged.__dict__
-    carried_bits, carried_shift = merged.__dict__.pop("_filter")
-    afresh_bits, afresh_shift = merged._filter
-    assert carried_shift == afresh_shift
-    assert np.array_equal(carried_bits, afresh_bits)
-    merged.__dict__["_filter"] = (carried_bits, carried_shift)
-    assert merged.contains(Fingerprints(recent.h1, recent.h2)).all()
-    assert merged.contains(Fingerprints(bulk.h1[:500], bulk.h2[:500])).all()
+    key_filter = KeyFilter.over([keys])
+    assert key_filter.may_contain(h1).all()
+    assert key_filter.may_contain(absent_h1).mean() < 0.15  # 2**20 slots for 100,000 keys
+    assert keys.nbytes == 3 * 8 * n and key_filter.bits.nbytes == (1 << 20) // 8
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -977,6 +960,23 @@ def test_keyset_merge_equals_building_the_union(seed: int) -> None:
     assert as_dict(merged) == as_model(*union)
     alive = merged.alive(50)
     assert as_dict(alive) == {k: v for k, v in as_model(*union).items() if v > 50}
+
+
+def test_keys_sharing_h1_stay_found_through_merges_that_do_not_touch_them() -> None:
+    """A set knows it holds keys sharing h1, and so do the sets merged or cut from it: a
+    lookup of either key of the pair keeps looking past the first."""
+    pair = KeySet.build(
+        np.array([7, 7], np.uint64), np.array([1, 2], np.uint64), np.array([60, 70], np.int64)
+    )
+    assert pair.shared_h1
+    others = np.arange(100, 140, dtype=np.uint64)
+    clean = KeySet.build(others, others, np.full(40, 80, np.int64))
+    assert not clean.shared_h1
+    both = np.array([7, 7], np.uint64), np.array([1, 2], np.uint64)
+    for keys in (clean.merge(pair), pair.merge(clean), clean.merge(pair).alive(50)):
+        assert keys.shared_h1
+        assert keys.contains(Fingerprints(*both)).tolist() == [True, True]
+        assert keys.contains(Fingerprints(*both), 65).tolist() == [False, True]
 
 
 @pytest.mark.parametrize("seed", range(8))

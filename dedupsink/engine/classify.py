@@ -184,14 +184,13 @@ class WindowClassifier:
         # window's earlier new keys, and adding the new ones to those.
         order = np.argsort(fps.h1)
         is_first = first_occurrences(fps, order)
-        first = np.flatnonzero(is_first)
-        first_fps = fps.take(first)
-        buckets = self._buckets(first_fps, None if stamps is None else stamps[first])
-        seen = np.zeros(len(fps), dtype=bool)
-        seen[first] = self.index.remembered(buckets, first_fps, self.expiry_point)
         by_h1 = order[is_first[order]]
-        # The pending set is replaced every batch: a filter would not repay building.
-        seen[by_h1] |= self._pending.contains(fps.take(by_h1), filtered=False, presorted=True)
+        queries = fps.take(by_h1)  # sorted by h1, as the lookups below search fastest
+        buckets = np.empty(len(fps), dtype=np.int64)
+        buckets[by_h1] = self._buckets(queries, None if stamps is None else stamps[by_h1])
+        seen = np.zeros(len(fps), dtype=bool)
+        seen[by_h1] = self.index.remembered(buckets[by_h1], queries, self.expiry_point)
+        seen[by_h1] |= self._pending.contains(queries, presorted=True)
         fresh = np.flatnonzero(is_first & ~seen)
         ports[candidates[fresh]] = UNIQUE
         new_stamps = None if stamps is None else stamps[fresh]
@@ -201,7 +200,7 @@ class WindowClassifier:
         position = np.empty(len(fps), dtype=np.int64)
         position[fresh] = np.arange(len(fresh))
         new = NewKeys(
-            fps.h1[fresh], fps.h2[fresh], buckets[~seen[first]], new_stamps, position[fresh_by_h1]
+            fps.h1[fresh], fps.h2[fresh], buckets[fresh], new_stamps, position[fresh_by_h1]
         )
         self._new.append(new)
         added = KeySet.of_sorted(fps.h1[fresh_by_h1], fps.h2[fresh_by_h1])

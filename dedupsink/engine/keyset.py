@@ -2,16 +2,18 @@
 
 Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the
 largest stamp wins), so membership is a vectorised binary search and merging an insertion.
-A large set also keeps a one-hash Bloom filter (one bit per slot, at least eight slots per
-key, rounded up to a power of two: one to two bytes per key), built on first lookup: most
-lookups are of keys never seen, and the filter turns away about nine in ten of them before
-the binary search, whose cost grows with the set.
+A set knows whether two of its keys share ``h1`` (a 64-bit collision, settled by ``h2``): only
+then does a lookup look past the first key of each ``h1``.
+``KeyFilter`` is the one-hash Bloom filter a large cached bucket keeps over all its sets (one
+bit per slot, at least eight slots per key, rounded up to a power of two: one to two bytes per
+key): most lookups are of keys never seen, and the filter turns away about nine in ten of them
+before the binary searches, whose cost grows with the bucket.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -23,6 +25,7 @@ class KeySet:
     h1: np.ndarray
     h2: np.ndarray
     stamps: np.ndarray | None  # None where keys carry no expiry value (Basic Dedup)
+    shared_h1: bool = False  # two keys share an h1 (only ``_settle_repeats`` leaves them)
 
     @classmethod
     def empty(cls, stamp_dtype: np.dtype | None) -> KeySet:
@@ -70,7 +73,9 @@ class KeySet:
         # which were re-ordered by (h2, stamp): re-sort the few run rows by position order.
         order = np.argsort(h1[keep], kind="stable")
         keep = keep[order]
-        return cls(h1[keep], h2[keep], None if stamps is None else stamps[keep])
+        h1 = h1[keep]
+        shared = bool((h1[1:] == h1[:-1]).any())
+        return cls(h1, h2[keep], None if stamps is None else stamps[keep], shared)
 
     def __len__(self) -> int:
         return len(self.h1)
@@ -78,25 +83,7 @@ class KeySet:
     @property
     def nbytes(self) -> int:
         stamps = 0 if self.stamps is None else self.stamps.nbytes
-        # The filter counts before it is built, so a cache's accounting does not drift.
-        filters = (1 << _filter_slots_log2(len(self))) // 8 if len(self) >= _FILTER_FROM_KEYS else 0
-        return self.h1.nbytes + self.h2.nbytes + stamps + filters
-
-    @cached_property
-    def _filter(self) -> tuple[np.ndarray, np.uint64]:
-        """Bit ``h1 >> shift`` is set for every key here: a clear bit means "not here"."""
-        slots_log2 = _filter_slots_log2(len(self))
-        shift = np.uint64(64 - slots_log2)
-        flags = np.zeros(1 << slots_log2, dtype=np.bool_)
-        flags[self.h1 >> shift] = True
-        return np.packbits(flags), shift
-
-    def _may_contain(self, h1: np.ndarray) -> np.ndarray:
-        bits, shift = self._filter
-        slots = h1 >> shift
-        return (
-            bits[slots >> np.uint64(3)] >> (np.uint8(7) - (slots & np.uint64(7)).astype(np.uint8))
-        ) & 1 == 1
+        return self.h1.nbytes + self.h2.nbytes + stamps
 
     def merge(self, other: KeySet) -> KeySet:
         """Both sets in one: the smaller is placed into the larger at its sorted positions,
@@ -104,8 +91,7 @@ class KeySet:
 
         One placement serves every lane, and repeated fingerprints can only meet where a key
         is placed (the larger set's neighbour at that position), so the check is as small as
-        the smaller set. A filter the larger set has built is carried over when the result
-        needs as many slots: its bits for the placed keys are set, nothing is rebuilt."""
+        the smaller set."""
         if len(other) == 0:
             return self
         if len(self) == 0:
@@ -128,24 +114,7 @@ class KeySet:
         stamps = merged[2] if len(merged) == 3 else None
         if _meets_repeats(big.h1, small.h1, at):
             return KeySet._settle_repeats(h1, h2, stamps, h1[1:] == h1[:-1])
-        result = KeySet(h1, h2, stamps)
-        result._carry_filter(big, small.h1)
-        return result
-
-    def _carry_filter(self, source: KeySet, added_h1: np.ndarray) -> None:
-        """Take ``source``'s built filter, with the bits of ``added_h1`` set, if it has as
-        many slots as this set's would (its keys and the added ones are all this set's)."""
-        built = source.__dict__.get("_filter")
-        if built is None or len(self) < _FILTER_FROM_KEYS:
-            return
-        bits, shift = built
-        if shift != np.uint64(64 - _filter_slots_log2(len(self))):
-            return
-        bits = bits.copy()  # the source may still be in use
-        slots = added_h1 >> shift
-        marks = np.left_shift(1, 7 - (slots & np.uint64(7)).astype(np.uint8)).astype(np.uint8)
-        np.bitwise_or.at(bits, slots >> np.uint64(3), marks)
-        self.__dict__["_filter"] = (bits, shift)
+        return KeySet(h1, h2, stamps, big.shared_h1 or small.shared_h1)
 
     def held_in(self, other: KeySet) -> np.ndarray:
         """For each key here: does ``other`` hold it with at least its stamp?
@@ -163,9 +132,8 @@ class KeySet:
     def without(self, drop: np.ndarray) -> KeySet:
         """The keys not marked in ``drop`` (still sorted and distinct)."""
         keep = ~drop
-        return KeySet(
-            self.h1[keep], self.h2[keep], None if self.stamps is None else self.stamps[keep]
-        )
+        stamps = None if self.stamps is None else self.stamps[keep]
+        return KeySet(self.h1[keep], self.h2[keep], stamps, self.shared_h1)
 
     def alive(self, forget_at_or_below: float | None) -> KeySet:
         """The keys still remembered once those stamped at or below the expiry point are gone."""
@@ -174,27 +142,15 @@ class KeySet:
         keep = self.stamps > forget_at_or_below
         if keep.all():
             return self
-        return KeySet(self.h1[keep], self.h2[keep], self.stamps[keep])
+        return KeySet(self.h1[keep], self.h2[keep], self.stamps[keep], self.shared_h1)
 
     def contains(
-        self,
-        fps: Fingerprints,
-        forget_at_or_below: float | None = None,
-        filtered: bool = True,
-        presorted: bool = False,
+        self, fps: Fingerprints, forget_at_or_below: float | None = None, presorted: bool = False
     ) -> np.ndarray:
         """For each query fingerprint: is it here with a stamp above the expiry point?
-
-        ``filtered=False`` skips the Bloom filter, for a set replaced before it would repay
-        building one (a bucket's small set of recent keys, rebuilt every window);
         ``presorted``: the queries are sorted by ``h1`` already."""
-        found = np.zeros(len(fps), dtype=bool)
         if len(self) == 0 or len(fps) == 0:
-            return found
-        if filtered and len(self) >= _FILTER_FROM_KEYS:
-            rows = np.flatnonzero(self._may_contain(fps.h1))
-            found[rows] = self._search(fps.h1[rows], fps.h2[rows], forget_at_or_below, presorted)
-            return found
+            return np.zeros(len(fps), dtype=bool)
         return self._search(fps.h1, fps.h2, forget_at_or_below, presorted)
 
     def _search(
@@ -204,20 +160,36 @@ class KeySet:
         forget_at_or_below: float | None,
         presorted: bool = False,
     ) -> np.ndarray:
-        found = np.zeros(len(query_h1), dtype=bool)
         if len(query_h1) == 0:
-            return found
+            return np.zeros(0, dtype=bool)
         # numpy's binary search narrows each search by the previous one when the queries are
         # sorted: sorting them first is several times faster than searching in row order.
-        order = np.arange(len(query_h1)) if presorted else np.argsort(query_h1)
         if not presorted:
+            order = np.argsort(query_h1)
             query_h1, query_h2 = query_h1[order], query_h2[order]
         at = np.minimum(np.searchsorted(self.h1, query_h1, side="left"), len(self) - 1)
         same_h1 = self.h1[at] == query_h1
         hit = same_h1 & (self.h2[at] == query_h2)
         if forget_at_or_below is not None and self.stamps is not None:
             hit &= self.stamps[at] > forget_at_or_below
-        # Remembered keys sharing h1 (a 64-bit collision) are rare: check those runs one by one.
+        if self.shared_h1:
+            self._search_shared(query_h1, query_h2, forget_at_or_below, at, same_h1, hit)
+        if presorted:
+            return hit
+        found = np.empty_like(hit)
+        found[order] = hit
+        return found
+
+    def _search_shared(
+        self,
+        query_h1: np.ndarray,
+        query_h2: np.ndarray,
+        forget_at_or_below: float | None,
+        at: np.ndarray,
+        same_h1: np.ndarray,
+        hit: np.ndarray,
+    ) -> None:
+        """Settle in ``hit`` the queries whose h1 several keys here share, one run at a time."""
         after = np.minimum(at + 1, len(self) - 1)
         for row in np.flatnonzero(same_h1 & (after > at) & (self.h1[after] == query_h1)):
             run = slice(at[row], np.searchsorted(self.h1, query_h1[row], side="right"))
@@ -225,15 +197,60 @@ class KeySet:
             if forget_at_or_below is not None and self.stamps is not None:
                 hits &= self.stamps[run] > forget_at_or_below
             hit[row] = bool(hits.any())
-        found[order] = hit
-        return found
 
 
-# Below this many keys a binary search is cheap enough that building a filter does not pay.
-# Merges carry a built filter (it is rebuilt only when the set doubles or drops keys), so it
+class KeyFilter:
+    """Bit ``h1 >> shift`` is set for every key added: a clear bit means "not here".
+
+    Bits are only ever set, so one filter can serve the successive versions of a cached bucket,
+    each adding its new keys in place: a bit set for a key that only a newer version holds
+    costs an older one a search, never a wrong answer. Keys dropped from the sets keep their
+    bits until the filter is rebuilt, with the same cost and no other."""
+
+    def __init__(self, keys: int) -> None:
+        slots_log2 = _filter_slots_log2(keys)
+        self.shift = np.uint64(64 - slots_log2)
+        self.bits = np.zeros((1 << slots_log2) // 8, dtype=np.uint8)
+
+    @classmethod
+    def over(cls, sets: Iterable[KeySet]) -> KeyFilter:
+        sets = list(sets)
+        built = cls(sum(len(keys) for keys in sets))
+        flags = np.zeros(len(built.bits) * 8, dtype=np.bool_)
+        for keys in sets:
+            flags[keys.h1 >> built.shift] = True
+        built.bits = np.packbits(flags)
+        return built
+
+    @staticmethod
+    def nbytes_for(keys: int) -> int:
+        """The bytes of a filter sized for this many keys (counted before it is built, so a
+        cache's accounting does not drift)."""
+        return (1 << _filter_slots_log2(keys)) // 8
+
+    def sized_for(self, keys: int) -> bool:
+        return self.shift == np.uint64(64 - _filter_slots_log2(keys))
+
+    def add(self, h1: np.ndarray) -> None:
+        slots = h1 >> self.shift
+        marks = np.left_shift(1, 7 - (slots & np.uint64(7)).astype(np.uint8)).astype(np.uint8)
+        np.bitwise_or.at(self.bits, slots >> np.uint64(3), marks)
+
+    def may_contain(self, h1: np.ndarray) -> np.ndarray:
+        slots = h1 >> self.shift
+        bit = np.uint8(7) - (slots & np.uint64(7)).astype(np.uint8)
+        return (self.bits[slots >> np.uint64(3)] >> bit) & 1 == 1
+
+
+# Below this many keys a binary search is cheap enough that a filter does not pay. The filter
+# is carried from window to window (rebuilt only when the bucket doubles or drops keys), so it
 # pays from a few thousand keys: a bucket of 30,000 answered 64 windows' lookups in 5.1 ms
 # a window with it from 8,192 keys, 6.6 ms from 65,536 (10,000 keys: 4.4 and 4.8 ms).
-_FILTER_FROM_KEYS = 8_192
+FILTER_FROM_KEYS = 8_192
+# A probe of the filter is a dozen numpy calls whatever the number of queries: for a few it
+# costs more than the binary searches it spares (64 buckets of 40,000 keys answering 31
+# queries each: 1.76 ms with the filter, 1.42 without; 100 queries each: 2.11 and 2.61).
+FILTER_FROM_QUERIES = 48
 _FILTER_SLOTS_PER_KEY = 8
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from dedupsink.engine.classify import NewKeys
 from dedupsink.engine.fingerprint import Fingerprints
-from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.keyset import FILTER_FROM_KEYS, FILTER_FROM_QUERIES, KeyFilter, KeySet
 from dedupsink.store.format import (
     DecodedSegment,
     Manifest,
@@ -56,38 +56,48 @@ class CachedBucket:
     it was last rebuilt, in runs of decreasing size (``recent``). New keys merge into the
     smallest run only, and a run folds into the next larger once it reaches a fraction of it,
     so a window's new keys cost in proportion to themselves and a few runs' sizes, not to the
-    whole bucket."""
+    whole bucket. A large bucket keeps one filter over all its sets, built at its first large
+    lookup and handed on to the next version with the new keys' bits set, so a query it turns
+    away is searched in none of them."""
 
     keys: KeySet
     segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
     recent: tuple[KeySet, ...] = ()
+    key_filter: KeyFilter | None = None
 
     def __len__(self) -> int:
         return len(self.keys) + sum(len(run) for run in self.recent)
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + sum(run.nbytes for run in self.recent)
+        keys = len(self)
+        filters = KeyFilter.nbytes_for(keys) if keys >= FILTER_FROM_KEYS else 0
+        return self.keys.nbytes + sum(run.nbytes for run in self.recent) + filters
 
     def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
-        if not self.recent:
-            return self.keys.contains(fps, forget_at_or_below)
-        # Sorted once for every run: each binary search then narrows the next.
-        order = np.argsort(fps.h1)
-        ordered = fps.take(order)
-        found = self.keys.contains(ordered, forget_at_or_below, presorted=True)
+        """Which of these queries, sorted by ``h1``, the bucket remembers: each binary search
+        then narrows the next."""
+        if len(self) < FILTER_FROM_KEYS or len(fps) < FILTER_FROM_QUERIES:
+            return self._search(fps, forget_at_or_below)
+        if self.key_filter is None:
+            self.key_filter = KeyFilter.over([self.keys, *self.recent])
+        rows = np.flatnonzero(self.key_filter.may_contain(fps.h1))
+        found = np.zeros(len(fps), dtype=bool)
+        found[rows] = self._search(fps.take(rows), forget_at_or_below)
+        return found
+
+    def _search(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
+        found = self.keys.contains(fps, forget_at_or_below, presorted=True)
         for run in self.recent:
-            found |= run.contains(ordered, forget_at_or_below, filtered=False, presorted=True)
-        answer = np.empty_like(found)
-        answer[order] = found
-        return answer
+            found |= run.contains(fps, forget_at_or_below, presorted=True)
+        return found
 
     def added(
         self, parts: list[KeySet], segments: frozenset[tuple[str, int]], forget: float | None
     ) -> CachedBucket:
         added = sum(len(part) for part in parts)
         if not added:
-            return CachedBucket(self.keys, segments, self.recent)
+            return CachedBucket(self.keys, segments, self.recent, self.key_filter)
         new = parts[0]
         for part in parts[1:]:
             new = new.merge(part)
@@ -101,7 +111,16 @@ class CachedBucket:
             smallest = runs.pop()
             runs[-1] = runs[-1].merge(smallest)
         bulk = runs[0] if runs[0] is self.keys else runs[0].alive(forget)
-        return CachedBucket(bulk, segments, tuple(runs[1:]))
+        key_filter = self._handed_on(new, len(self) + added, dropped=len(bulk) < len(runs[0]))
+        return CachedBucket(bulk, segments, tuple(runs[1:]), key_filter)
+
+    def _handed_on(self, new: KeySet, keys: int, dropped: bool) -> KeyFilter | None:
+        """This version's filter with the new keys' bits set, for the next version; None (to
+        be rebuilt) once the bucket needs more slots or dropped keys, whose bits would stay."""
+        if self.key_filter is None or dropped or not self.key_filter.sized_for(keys):
+            return None
+        self.key_filter.add(new.h1)
+        return self.key_filter
 
     def unheld(self, part: KeySet) -> KeySet:
         """The keys of ``part`` this bucket does not already hold with at least their stamp:
@@ -283,7 +302,10 @@ class BucketManager:
         found = np.zeros(len(fps), dtype=bool)
         if len(fps) == 0:
             return found
-        order = np.argsort(buckets, kind="stable")
+        # Grouped by bucket, in h1 order within each: every bucket's queries arrive sorted.
+        by_h1 = np.arange(len(fps)) if _ascending(fps.h1) else np.argsort(fps.h1)
+        order = by_h1[_grouping_order(buckets[by_h1])]
+        h1, h2 = fps.h1[order], fps.h2[order]
         distinct, starts = np.unique(buckets[order], return_index=True)
         ends = [*starts[1:].tolist(), len(order)]
         wanted = distinct.tolist()
@@ -293,8 +315,9 @@ class BucketManager:
             chunk = wanted[first : first + self.cache.capacity]
             loaded = self.load(chunk, forget_at_or_below)
             for offset, bucket in enumerate(chunk):
-                rows = order[starts[first + offset] : ends[first + offset]]
-                found[rows] = loaded[bucket].contains(fps.take(rows), forget_at_or_below)
+                rows = slice(starts[first + offset], ends[first + offset])
+                queries = Fingerprints(h1[rows], h2[rows])
+                found[order[rows]] = loaded[bucket].contains(queries, forget_at_or_below)
         return found
 
     def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, CachedBucket]:
@@ -403,9 +426,21 @@ class BucketManager:
         return DecodedSegment(keys.h1, keys.h2, stamps)
 
 
+def _ascending(values: np.ndarray) -> bool:
+    return bool((values[1:] >= values[:-1]).all())
+
+
+def _grouping_order(buckets: np.ndarray) -> np.ndarray:
+    """Positions grouped by bucket, in their given order within each bucket: a radix sort when
+    the bucket numbers fit 16 bits, ten times faster than sorting 64-bit ones."""
+    if len(buckets) and buckets.min() >= 0 and buckets.max() <= np.iinfo(np.uint16).max:
+        buckets = buckets.astype(np.uint16)
+    return np.argsort(buckets, kind="stable")
+
+
 def _rows_by_bucket(buckets: np.ndarray) -> dict[int, np.ndarray]:
     """The positions of each bucket's keys."""
-    order = np.argsort(buckets, kind="stable")
+    order = _grouping_order(buckets)
     distinct, starts = np.unique(buckets[order], return_index=True)
     ends = np.append(starts[1:], len(order))
     return {b: order[a:z] for b, a, z in zip(distinct.tolist(), starts, ends, strict=True)}
