@@ -111,8 +111,9 @@ class CachedBucket:
             smallest = runs.pop()
             runs[-1] = runs[-1].merge(smallest)
         bulk = runs[0] if runs[0] is self.keys else runs[0].alive(forget)
-        key_filter = self._handed_on(new, len(self) + added, dropped=len(bulk) < len(runs[0]))
-        return CachedBucket(bulk, segments, tuple(runs[1:]), key_filter)
+        entry = CachedBucket(bulk, segments, tuple(runs[1:]))
+        entry.key_filter = self._handed_on(new, len(entry), dropped=len(bulk) < len(runs[0]))
+        return entry
 
     def _handed_on(self, new: KeySet, keys: int, dropped: bool) -> KeyFilter | None:
         """This version's filter with the new keys' bits set, for the next version; None (to
