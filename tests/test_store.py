@@ -58,6 +58,7 @@ from dedupsink.store.format import (
     concat_segments,
     decode_segment,
     encode_segments,
+    group_by_bucket,
 )
 from dedupsink.store.records import (
     LogEntry,
@@ -399,6 +400,20 @@ def test_old_manifests_beyond_the_kept_number_are_deleted_in_batches(root: str) 
 
 
 # -- window files -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("largest", [12, 70_000])  # a radix sort up to 65,535, else not
+def test_grouping_by_bucket_keeps_the_given_order_inside_each_bucket(largest: int) -> None:
+    rng = np.random.default_rng(3)
+    buckets = rng.integers(0, largest + 1, 400)
+    within = rng.permutation(400)
+    for given, order in ((np.arange(400), None), (within, within)):
+        groups = group_by_bucket(buckets, within=order)
+        assert [b for b, _, _ in groups.spans] == sorted(set(buckets.tolist()))
+        for bucket, start, end in groups.spans:
+            expected = [position for position in given.tolist() if buckets[position] == bucket]
+            assert groups.order[start:end].tolist() == expected
+    assert group_by_bucket(np.empty(0, np.int64)).spans == []
 
 
 @pytest.mark.parametrize("stamps_kind", ["none", "int", "float"])

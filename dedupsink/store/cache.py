@@ -37,6 +37,7 @@ from dedupsink.store.format import (
     SegmentBytes,
     check_segment,
     decode_segment,
+    group_by_bucket,
 )
 from dedupsink.store.store import BucketStore
 
@@ -304,21 +305,17 @@ class BucketManager:
         if len(fps) == 0:
             return found
         # Grouped by bucket, in h1 order within each: every bucket's queries arrive sorted.
-        by_h1 = np.arange(len(fps)) if _ascending(fps.h1) else np.argsort(fps.h1)
-        order = by_h1[_grouping_order(buckets[by_h1])]
+        by_h1 = None if _ascending(fps.h1) else np.argsort(fps.h1)
+        order, spans = group_by_bucket(buckets, within=by_h1)
         h1, h2 = fps.h1[order], fps.h2[order]
-        distinct, starts = np.unique(buckets[order], return_index=True)
-        ends = [*starts[1:].tolist(), len(order)]
-        wanted = distinct.tolist()
         # Fetch at most maxCachedBuckets buckets at a time: the count bound holds within one
         # lookup too (the byte bound is enforced as buckets are stored).
-        for first in range(0, len(wanted), self.cache.capacity):
-            chunk = wanted[first : first + self.cache.capacity]
-            loaded = self.load(chunk, forget_at_or_below)
-            for offset, bucket in enumerate(chunk):
-                rows = slice(starts[first + offset], ends[first + offset])
-                queries = Fingerprints(h1[rows], h2[rows])
-                found[order[rows]] = loaded[bucket].contains(queries, forget_at_or_below)
+        for first in range(0, len(spans), self.cache.capacity):
+            chunk = spans[first : first + self.cache.capacity]
+            loaded = self.load([bucket for bucket, _, _ in chunk], forget_at_or_below)
+            for bucket, start, end in chunk:
+                queries = Fingerprints(h1[start:end], h2[start:end])
+                found[order[start:end]] = loaded[bucket].contains(queries, forget_at_or_below)
         return found
 
     def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, CachedBucket]:
@@ -431,20 +428,10 @@ def _ascending(values: np.ndarray) -> bool:
     return bool((values[1:] >= values[:-1]).all())
 
 
-def _grouping_order(buckets: np.ndarray) -> np.ndarray:
-    """Positions grouped by bucket, in their given order within each bucket: a radix sort when
-    the bucket numbers fit 16 bits, ten times faster than sorting 64-bit ones."""
-    if len(buckets) and buckets.min() >= 0 and buckets.max() <= np.iinfo(np.uint16).max:
-        buckets = buckets.astype(np.uint16)
-    return np.argsort(buckets, kind="stable")
-
-
 def _rows_by_bucket(buckets: np.ndarray) -> dict[int, np.ndarray]:
     """The positions of each bucket's keys."""
-    order = _grouping_order(buckets)
-    distinct, starts = np.unique(buckets[order], return_index=True)
-    ends = np.append(starts[1:], len(order))
-    return {b: order[a:z] for b, a, z in zip(distinct.tolist(), starts, ends, strict=True)}
+    order, spans = group_by_bucket(buckets)
+    return {bucket: order[start:end] for bucket, start, end in spans}
 
 
 def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest) -> np.ndarray:
