@@ -140,7 +140,6 @@ RESULT_PREFIX = "RESULT "
 
 
 def build_session(variant: str, driver_memory: str) -> Any:
-
     builder = local_session_builder(
         f"bench-compare-{variant}", {"spark.driver.memory": driver_memory}
     ).config("spark.sql.streaming.stopTimeout", "60s")

@@ -186,10 +186,9 @@ class WindowClassifier:
         is_first = first_occurrences(fps, order)
         by_h1 = order[is_first[order]]
         queries = fps.take(by_h1)  # sorted by h1, as the lookups below search fastest
-        buckets = np.empty(len(fps), dtype=np.int64)
-        buckets[by_h1] = self._buckets(queries, None if stamps is None else stamps[by_h1])
+        query_buckets = self._buckets(queries, None if stamps is None else stamps[by_h1])
         seen = np.zeros(len(fps), dtype=bool)
-        seen[by_h1] = self.index.remembered(buckets[by_h1], queries, self.expiry_point)
+        seen[by_h1] = self.index.remembered(query_buckets, queries, self.expiry_point)
         seen[by_h1] |= self._pending.contains(queries, presorted=True)
         fresh = np.flatnonzero(is_first & ~seen)
         ports[candidates[fresh]] = UNIQUE
@@ -199,6 +198,8 @@ class WindowClassifier:
         fresh_by_h1 = by_h1[~seen[by_h1]]
         position = np.empty(len(fps), dtype=np.int64)
         position[fresh] = np.arange(len(fresh))
+        buckets = np.empty(len(fps), dtype=np.int64)
+        buckets[by_h1] = query_buckets
         new = NewKeys(
             fps.h1[fresh], fps.h2[fresh], buckets[fresh], new_stamps, position[fresh_by_h1]
         )

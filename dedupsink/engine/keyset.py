@@ -151,17 +151,7 @@ class KeySet:
         ``presorted``: the queries are sorted by ``h1`` already."""
         if len(self) == 0 or len(fps) == 0:
             return np.zeros(len(fps), dtype=bool)
-        return self._search(fps.h1, fps.h2, forget_at_or_below, presorted)
-
-    def _search(
-        self,
-        query_h1: np.ndarray,
-        query_h2: np.ndarray,
-        forget_at_or_below: float | None,
-        presorted: bool = False,
-    ) -> np.ndarray:
-        if len(query_h1) == 0:
-            return np.zeros(0, dtype=bool)
+        query_h1, query_h2 = fps.h1, fps.h2
         # numpy's binary search narrows each search by the previous one when the queries are
         # sorted: sorting them first is several times faster than searching in row order.
         if not presorted:

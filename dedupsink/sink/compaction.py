@@ -160,7 +160,7 @@ def write_window_file(
         written.supersedes[fold.bucket] = [s.ident for s in fold.segments]
     window = manifest.version + 1
     name = window_file_name(window, partition)
-    keys = _with_decoded_folds(new, [fold for fold in folds if fold.keys is not None])
+    keys = _with_decoded_folds(new, [(f.bucket, f.keys) for f in folds if f.keys is not None])
     byte_folds = [(fold, fold.raw) for fold in folds if fold.raw is not None]
     joining = np.isin(keys.buckets, [fold.bucket for fold, _ in byte_folds])
     data, segments = _encode(keys, ~joining, name)
@@ -207,23 +207,18 @@ def write_window_file(
     return written
 
 
-def _with_decoded_folds(new: NewKeys, folds: list[Fold]) -> NewKeys:
-    """The new keys followed by the keys of folds made of decoded keys."""
+def _with_decoded_folds(new: NewKeys, folds: list[tuple[int, DecodedSegment]]) -> NewKeys:
+    """The new keys followed by the keys of folds made of decoded keys (bucket, keys)."""
     if not folds:
         return new
-    parts = [fold.keys for fold in folds if fold.keys is not None]
+    parts = [keys for _, keys in folds]
     stamps = None
     if new.stamps is not None:
+        dtype = new.stamps.dtype
         stamps = np.concatenate(
-            [
-                new.stamps,
-                *(p.stamps.astype(new.stamps.dtype) for p in parts if p.stamps is not None),
-            ]
+            [new.stamps, *(p.stamps.astype(dtype) for p in parts if p.stamps is not None)]
         )
-    buckets = [
-        np.full(len(p.h1), fold.bucket, dtype=np.int64)
-        for fold, p in zip(folds, parts, strict=True)
-    ]
+    buckets = [np.full(len(keys.h1), bucket, dtype=np.int64) for bucket, keys in folds]
     return NewKeys(
         np.concatenate([new.h1, *(p.h1 for p in parts)]),
         np.concatenate([new.h2, *(p.h2 for p in parts)]),
