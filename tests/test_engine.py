@@ -920,6 +920,20 @@ def test_keyset_lookup_respects_the_expiry_point_and_shared_h1(seed: int) -> Non
         assert found == expected, point
 
 
+def test_keyset_lookup_at_its_lowest_stamp_and_past_its_last_key() -> None:
+    h1 = np.array([10, 20, 30], dtype=np.uint64)
+    keys = KeySet.build(h1, h1 + np.uint64(1), np.array([5, 10, 15], dtype=np.int64))
+    queries = Fingerprints(
+        np.array([10, 20, 30, 40], np.uint64), np.array([11, 21, 31, 41], np.uint64)
+    )
+    # Below the lowest stamp no stamp is checked; at it, the key stamped there is forgotten.
+    assert keys.contains(queries, 4.0).tolist() == [True, True, True, False]
+    assert keys.contains(queries, 5.0).tolist() == [False, True, True, False]
+    assert keys.contains(queries, 14.0).tolist() == [False, False, True, False]
+    assert keys.contains(queries, 15.0).tolist() == [False, False, False, False]
+    assert keys.lowest_stamp == 5.0 and KeySet.build(h1, h1, None).lowest_stamp is None
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_large_keyset_lookup_matches_the_model_and_its_filter_turns_away_only_absent_keys(
     seed: int,

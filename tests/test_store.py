@@ -177,6 +177,20 @@ def test_reopen_returns_the_same_store(root: str) -> None:
     assert again.version == 0
 
 
+def test_a_version_this_process_wrote_is_read_back_without_decoding(root: str) -> None:
+    plan = make_plan(root)
+    written = plan.store.open(plan.settings)
+    read = plan.store.read()
+    assert read == written
+    assert read is not None and read.files is written.files  # the same objects: not decoded
+    # The same version number of a store deleted and created again has other bytes.
+    plan.store.storage.fs.rm(plan.store.url, recursive=True)
+    again = BucketStore(plan.options.store_path).open(plan.settings)
+    fresh = BucketStore(plan.options.store_path).read()
+    assert fresh is not None and fresh.version == 0
+    assert fresh.store_id == again.store_id != written.store_id
+
+
 @pytest.mark.parametrize(
     ("changed", "option"),
     [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -123,7 +124,7 @@ class KeySet:
         False: a merge settles those as usual."""
         if len(self) == 0 or len(other) == 0:
             return np.zeros(len(self), dtype=bool)
-        at = np.minimum(np.searchsorted(other.h1, self.h1, side="left"), len(other) - 1)
+        at = np.searchsorted(other.h1[:-1], self.h1, side="left")  # clamped, as in contains
         held = (other.h1[at] == self.h1) & (other.h2[at] == self.h2)
         if self.stamps is not None and other.stamps is not None:
             held &= other.stamps[at] >= self.stamps
@@ -157,11 +158,14 @@ class KeySet:
         if not presorted:
             order = np.argsort(query_h1)
             query_h1, query_h2 = query_h1[order], query_h2[order]
-        at = np.minimum(np.searchsorted(self.h1, query_h1, side="left"), len(self) - 1)
+        # Searching all keys but the last puts a query above them all at the last key, where
+        # it is not found: the clamp a search of every key would need, without its pass.
+        at = np.searchsorted(self.h1[:-1], query_h1, side="left")
         same_h1 = self.h1[at] == query_h1
         hit = same_h1 & (self.h2[at] == query_h2)
-        if forget_at_or_below is not None and self.stamps is not None:
-            hit &= self.stamps[at] > forget_at_or_below
+        stamps, forget = self.stamps, forget_at_or_below
+        if forget is not None and stamps is not None and self._may_hold_expired(forget):
+            hit &= stamps[at] > forget
         if self.shared_h1:
             self._search_shared(query_h1, query_h2, forget_at_or_below, at, same_h1, hit)
         if presorted:
@@ -169,6 +173,19 @@ class KeySet:
         found = np.empty_like(hit)
         found[order] = hit
         return found
+
+    @cached_property
+    def lowest_stamp(self) -> float | None:
+        """The smallest stamp here (None without stamps, or empty)."""
+        if self.stamps is None or len(self.stamps) == 0:
+            return None
+        return float(self.stamps.min())
+
+    def _may_hold_expired(self, forget_at_or_below: float) -> bool:
+        """Whether a stamp here may be at or below the expiry point. Most sets hold none, and
+        skipping the stamp check spares three array passes a lookup."""
+        lowest = self.lowest_stamp
+        return lowest is not None and lowest <= forget_at_or_below
 
     def _search_shared(
         self,

@@ -65,15 +65,16 @@ class CachedBucket:
     segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
     recent: tuple[KeySet, ...] = ()
     key_filter: KeyFilter | None = None
+    # Counted once: the cache reads it at every store, and the sets never change.
+    nbytes: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keys = len(self)
+        filters = KeyFilter.nbytes_for(keys) if keys >= FILTER_FROM_KEYS else 0
+        self.nbytes = self.keys.nbytes + sum(run.nbytes for run in self.recent) + filters
 
     def __len__(self) -> int:
         return len(self.keys) + sum(len(run) for run in self.recent)
-
-    @property
-    def nbytes(self) -> int:
-        keys = len(self)
-        filters = KeyFilter.nbytes_for(keys) if keys >= FILTER_FROM_KEYS else 0
-        return self.keys.nbytes + sum(run.nbytes for run in self.recent) + filters
 
     def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
         """Which of these queries, sorted by ``h1``, the bucket remembers: each binary search
@@ -322,19 +323,21 @@ class BucketManager:
         """The committed keys of these buckets, fetching missing segments in parallel."""
         assert self.manifest is not None, "use(manifest) before lookups"
         entries: dict[int, CachedBucket] = {}
+        live: dict[int, frozenset[tuple[str, int]]] = {}
         missing: list[tuple[int, Segment]] = []
         additions: dict[int, list[KeySet]] = {}
         compacted: set[int] = set()
         noted: dict[Segment, KeySet] = {}
         for bucket in buckets:
-            entry, fresh, known, stale = self._catch_up(bucket)
-            if stale and 2 * sum(s.count for s in fresh) >= len(entry):
+            caught = self._catch_up(bucket)
+            entry, fresh, known = caught.entry, caught.fresh, caught.noted
+            if caught.stale and 2 * sum(s.count for s in fresh) >= len(entry):
                 # The bucket was compacted: re-reading it beats merging every key twice.
                 entry = CachedBucket(KeySet.empty(self.stamp_dtype))
                 fresh, known = self.manifest.buckets.get(bucket, []), {}
-            elif stale:
+            elif caught.stale:
                 compacted.add(bucket)
-            entries[bucket], additions[bucket] = entry, []
+            entries[bucket], live[bucket], additions[bucket] = entry, caught.live, []
             noted.update(known)
             missing.extend((bucket, segment) for segment in [*fresh, *known])
         fetched = self.store.fetch([segment for _, segment in missing])
@@ -349,25 +352,21 @@ class BucketManager:
         for bucket, entry in entries.items():
             parts = additions[bucket]
             if parts:
-                idents = frozenset(s.ident for s in self.manifest.buckets.get(bucket, []))
-                entry = entry.added(parts, idents, forget_at_or_below)
+                entry = entry.added(parts, live[bucket], forget_at_or_below)
             self.cache.put(bucket, entry)
             result[bucket] = entry
         return result
 
-    def _catch_up(
-        self, bucket: int
-    ) -> tuple[CachedBucket, list[Segment], dict[Segment, KeySet], frozenset[tuple[str, int]]]:
-        """A bucket's cached entry against the manifest: the segments to decode, those whose
-        new keys were noted in memory (with those keys), and the segments the entry holds that
-        the manifest no longer lists (and no noted fold accounts for)."""
+    def _catch_up(self, bucket: int) -> _CatchUp:
+        """A bucket's cached entry against the manifest."""
         assert self.manifest is not None
         entry = self.cache.get(bucket) or CachedBucket(KeySet.empty(self.stamp_dtype))
-        live = self.manifest.buckets.get(bucket, [])
-        stale = entry.segments - {s.ident for s in live}
+        segments = self.manifest.buckets.get(bucket, [])
+        live = frozenset(s.ident for s in segments)
+        stale = entry.segments - live
         fresh: list[Segment] = []
         noted: dict[Segment, KeySet] = {}
-        for segment in live:
+        for segment in segments:
             if segment.ident in entry.segments:
                 continue
             written = self._noted(segment, entry.segments)
@@ -376,7 +375,7 @@ class BucketManager:
             else:
                 noted[segment] = self._final(written.new, segment)
                 stale -= written.folds
-        return entry, fresh, noted, stale
+        return _CatchUp(entry, live, fresh, noted, stale)
 
     def read_segments(self, segments: list[Segment]) -> DecodedSegment:
         """The keys of these committed segments with their final stamps, in stored order, read
@@ -422,6 +421,19 @@ class BucketManager:
             # A placeholder stamp means the time of the window that stored the key: the file's.
             stamps = np.where(stamps < 0, window_file.max_stamp, stamps)
         return DecodedSegment(keys.h1, keys.h2, stamps)
+
+
+class _CatchUp(NamedTuple):
+    """A cached bucket against a manifest: the manifest's segments of it (``live``), the
+    segments to decode (``fresh``), those whose new keys were noted in memory (with those
+    keys), and the segments the entry holds that the manifest no longer lists and no noted
+    fold accounts for (``stale``)."""
+
+    entry: CachedBucket
+    live: frozenset[tuple[str, int]]
+    fresh: list[Segment]
+    noted: dict[Segment, KeySet]
+    stale: frozenset[tuple[str, int]]
 
 
 def _ascending(values: np.ndarray) -> bool:
