@@ -187,24 +187,24 @@ class WindowClassifier:
         by_h1 = order[is_first[order]]
         queries = fps.take(by_h1)  # sorted by h1, as the lookups below search fastest
         query_buckets = self._buckets(queries, None if stamps is None else stamps[by_h1])
-        seen = np.zeros(len(fps), dtype=bool)
-        seen[by_h1] = self.index.remembered(query_buckets, queries, self.expiry_point)
-        seen[by_h1] |= self._pending.contains(queries, presorted=True)
-        fresh = np.flatnonzero(is_first & ~seen)
+        unseen = ~self.index.remembered(query_buckets, queries, self.expiry_point)
+        unseen &= ~self._pending.contains(queries, presorted=True)
+        fresh_by_h1 = by_h1[unseen]
+        is_fresh = np.zeros(len(fps), dtype=bool)
+        is_fresh[fresh_by_h1] = True
+        fresh = np.flatnonzero(is_fresh)  # row order, as the unique port is written
         ports[candidates[fresh]] = UNIQUE
         new_stamps = None if stamps is None else stamps[fresh]
         if self.settings.mode == "systemTime":
             new_stamps = np.full(len(fresh), WINDOW_TIME_PLACEHOLDER, dtype=np.int64)
-        fresh_by_h1 = by_h1[~seen[by_h1]]
         position = np.empty(len(fps), dtype=np.int64)
         position[fresh] = np.arange(len(fresh))
-        buckets = np.empty(len(fps), dtype=np.int64)
-        buckets[by_h1] = query_buckets
-        new = NewKeys(
-            fps.h1[fresh], fps.h2[fresh], buckets[fresh], new_stamps, position[fresh_by_h1]
-        )
+        by_h1_in_fresh = position[fresh_by_h1]
+        new_buckets = np.empty(len(fresh), dtype=np.int64)
+        new_buckets[by_h1_in_fresh] = query_buckets[unseen]
+        new = NewKeys(fps.h1[fresh], fps.h2[fresh], new_buckets, new_stamps, by_h1_in_fresh)
         self._new.append(new)
-        added = KeySet.of_sorted(fps.h1[fresh_by_h1], fps.h2[fresh_by_h1])
+        added = KeySet.of_sorted(queries.h1[unseen], queries.h2[unseen])
         self._pending = self._pending.merge(added)
 
     def _provisional_ordinals(

@@ -138,12 +138,11 @@ class KeySet:
 
     def alive(self, forget_at_or_below: float | None) -> KeySet:
         """The keys still remembered once those stamped at or below the expiry point are gone."""
-        if forget_at_or_below is None or self.stamps is None or len(self) == 0:
+        stamps, forget = self.stamps, forget_at_or_below
+        if forget is None or stamps is None or not self._may_hold_expired(forget):
             return self
-        keep = self.stamps > forget_at_or_below
-        if keep.all():
-            return self
-        return KeySet(self.h1[keep], self.h2[keep], self.stamps[keep], self.shared_h1)
+        keep = stamps > forget
+        return KeySet(self.h1[keep], self.h2[keep], stamps[keep], self.shared_h1)
 
     def contains(
         self, fps: Fingerprints, forget_at_or_below: float | None = None, presorted: bool = False
