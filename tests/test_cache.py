@@ -357,6 +357,40 @@ def test_a_large_buckets_filter_is_handed_on_with_each_windows_keys() -> None:
     assert grown.key_filter is None
 
 
+def test_a_large_buckets_search_of_its_newest_runs_first_answers_as_every_set_does() -> None:
+    """A large bucket searches its runs, newest first, and its bulk only for the queries no run
+    holds: a key a run holds expired and the bulk alive, or the other way round, is still
+    found; an absent key, or one every set holds expired, is not."""
+    rng = np.random.default_rng(11)
+    h1 = np.sort(rng.choice(2**62, 12_000, replace=False).astype(np.uint64))
+    h2 = rng.integers(0, 2**64 - 1, len(h1), dtype=np.uint64)
+    stamps = rng.choice(np.array([10, 100], np.int64), len(h1))
+
+    def keys(rows: np.ndarray, values: np.ndarray) -> KeySet:
+        return KeySet.build(h1[rows], h2[rows], values)
+
+    bulk_rows = np.arange(10_000)
+    run_rows = np.arange(9_000, 11_000)  # its first 1,000 keys have the bulk's other stamp
+    newest_rows = np.arange(10_500, 12_000)
+    sets = [
+        keys(bulk_rows, stamps[bulk_rows]),
+        keys(run_rows, np.where(run_rows < 10_000, 110 - stamps[run_rows], stamps[run_rows])),
+        keys(newest_rows, stamps[newest_rows]),
+    ]
+    entry = CachedBucket(sets[0], frozenset(), (sets[1], sets[2]))
+    absent = rng.integers(2**62, 2**63, 2_000, dtype=np.uint64)
+    q1 = np.concatenate([h1[rng.choice(len(h1), 3_000, replace=False)], absent])
+    q2 = np.concatenate([h2[np.searchsorted(h1, q1[:3_000])], absent])
+    order = np.argsort(q1)
+    queries = Fingerprints(q1[order], q2[order])
+    for point in (None, 50):
+        every = np.zeros(len(queries), dtype=bool)
+        for one in sets:
+            every |= one.contains(queries, point, presorted=True)
+        assert entry.contains(queries, point).tolist() == every.tolist()
+        assert every.sum() > 1_000 and not every.all()
+
+
 def test_capacity_one_keeps_only_the_last_bucket() -> None:
     cache = BucketCache(1)
     entry = CachedBucket(keys=KeySet.empty(None))
