@@ -265,12 +265,12 @@ _BIT_PAIRS = np.array([(1 << (pair & 7)) | (1 << (pair >> 3)) for pair in range(
 # pays from a few thousand keys: a bucket of 30,000 answered 64 windows' lookups in 5.1 ms
 # a window with it from 8,192 keys, 6.6 ms from 65,536 (10,000 keys: 4.4 and 4.8 ms).
 FILTER_FROM_KEYS = 8_192
-# A probe of the filter is eight numpy calls whatever the number of queries: for a handful it
-# costs more than the binary searches it spares. From a few dozen it pays, because a large
-# bucket's sets are out of the CPU's caches by the next window: 64 buckets of 40,000 keys
-# answering 31 queries each took 2.2 ms without the filter and 1.8 ms with it, caches cleared
-# between windows (1.4 and 1.8 ms with them warm).
-FILTER_FROM_QUERIES = 16
+# A probe of the filter is eight numpy calls whatever the number of queries: for a few it
+# costs more than the binary searches it spares (64 buckets of 40,000 keys answering 31
+# queries each: 1.76 ms with the filter, 1.42 without; 100 queries each: 2.11 and 2.61). In a
+# day of 2,000-row windows into 64 buckets (31 queries each), the filter from 16 queries made
+# the last windows 0.5-1.5 ms slower, although it spared the searches of cold sets.
+FILTER_FROM_QUERIES = 48
 _FILTER_SLOTS_PER_KEY = 8
 
 
