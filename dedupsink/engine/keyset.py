@@ -219,7 +219,7 @@ class KeyFilter:
     bits until the filter is rebuilt, with the same cost and no other."""
 
     def __init__(self, keys: int) -> None:
-        bytes_log2 = _filter_slots_log2(keys) - 3
+        bytes_log2 = _filter_bytes_log2(keys)
         self.shift = np.uint64(64 - bytes_log2)
         self.bits = np.zeros(1 << bytes_log2, dtype=np.uint8)
 
@@ -235,10 +235,10 @@ class KeyFilter:
     def nbytes_for(keys: int) -> int:
         """The bytes of a filter sized for this many keys (counted before it is built, so a
         cache's accounting does not drift)."""
-        return (1 << _filter_slots_log2(keys)) // 8
+        return 1 << _filter_bytes_log2(keys)
 
     def sized_for(self, keys: int) -> bool:
-        return self.shift == np.uint64(64 - (_filter_slots_log2(keys) - 3))
+        return len(self.bits) == self.nbytes_for(keys)
 
     def add(self, h1: np.ndarray) -> None:
         np.bitwise_or.at(self.bits, h1 >> self.shift, _masks(h1))
@@ -271,7 +271,7 @@ FILTER_FROM_KEYS = 8_192
 # day of 2,000-row windows into 64 buckets (31 queries each), the filter from 16 queries made
 # the last windows 0.5-1.5 ms slower, although it spared the searches of cold sets.
 FILTER_FROM_QUERIES = 48
-_FILTER_SLOTS_PER_KEY = 8
+_FILTER_BITS_PER_KEY = 8
 
 
 def _meets_repeats(big_h1: np.ndarray, small_h1: np.ndarray, at: np.ndarray) -> bool:
@@ -283,5 +283,7 @@ def _meets_repeats(big_h1: np.ndarray, small_h1: np.ndarray, at: np.ndarray) -> 
     return bool((big_h1[at[inside]] == small_h1[inside]).any())
 
 
-def _filter_slots_log2(keys: int) -> int:
-    return max((keys * _FILTER_SLOTS_PER_KEY - 1).bit_length(), 6)  # at least eight bytes
+def _filter_bytes_log2(keys: int) -> int:
+    """At least ``_FILTER_BITS_PER_KEY`` bits a key, rounded up to a power of two bytes (at
+    least eight)."""
+    return max((keys * _FILTER_BITS_PER_KEY - 1).bit_length() - 3, 3)
