@@ -6,8 +6,8 @@ A set knows whether two of its keys share ``h1`` (a 64-bit collision, settled by
 then does a lookup look past the first key of each ``h1``.
 ``KeyFilter`` is the blocked Bloom filter a large cached bucket keeps over all its sets (at
 least eight bits per key, rounded up to a power of two: one to two bytes per key): most lookups
-are of keys never seen, and the filter turns away about nineteen in twenty of them before the
-binary searches, whose cost grows with the bucket.
+are of keys never seen, and the filter turns away 97-99% of them before the binary searches,
+whose cost grows with the bucket.
 """
 
 from __future__ import annotations
@@ -206,12 +206,14 @@ class KeySet:
 
 
 class KeyFilter:
-    """A blocked Bloom filter: each key sets two bits of one byte, the byte chosen by the top
-    bits of ``h1`` and the two bits by six middle bits (the low bits choose a hash bucket, so
-    every key of a bucket shares them). A byte without both of a query's bits means "not here".
+    """A blocked Bloom filter: each key sets up to four bits of one 64-bit word, the word
+    chosen by the top bits of ``h1`` and the bits by the low 24 bits of ``h2``, an independent
+    hash (the low bits of ``h1`` choose a hash bucket, so every key of a bucket shares them).
+    A word without all of a query's bits means "not here".
 
-    Two bits in one byte cost one memory access, as one bit did, and turn away more: at one
-    to two bytes a key, 4.5-6% of absent keys pass where 7-9% passed with one bit a key.
+    One word costs one memory access, as one byte did, and four bits in it turn away far more:
+    at one to two bytes a key, 0.7-3.3% of absent keys pass where 4.5-6% passed with two bits of
+    a byte. Each one that passes costs a binary search of every set of the bucket.
 
     Bits are only ever set, so one filter can serve the successive versions of a cached bucket,
     each adding its new keys in place: a bit set for a key that only a newer version holds
@@ -219,16 +221,16 @@ class KeyFilter:
     bits until the filter is rebuilt, with the same cost and no other."""
 
     def __init__(self, keys: int) -> None:
-        bytes_log2 = _filter_bytes_log2(keys)
-        self.shift = np.uint64(64 - bytes_log2)
-        self.bits = np.zeros(1 << bytes_log2, dtype=np.uint8)
+        words_log2 = _filter_bytes_log2(keys) - 3
+        self.shift = np.uint64(64 - words_log2)
+        self.bits = np.zeros(1 << words_log2, dtype=np.uint64)
 
     @classmethod
     def over(cls, sets: Iterable[KeySet]) -> KeyFilter:
         sets = list(sets)
         built = cls(sum(len(keys) for keys in sets))
         for keys in sets:
-            built.add(keys.h1)
+            built.add(keys.h1, keys.h2)
         return built
 
     @staticmethod
@@ -238,26 +240,28 @@ class KeyFilter:
         return 1 << _filter_bytes_log2(keys)
 
     def sized_for(self, keys: int) -> bool:
-        return len(self.bits) == self.nbytes_for(keys)
+        return self.bits.nbytes == self.nbytes_for(keys)
 
-    def add(self, h1: np.ndarray) -> None:
-        np.bitwise_or.at(self.bits, h1 >> self.shift, _masks(h1))
+    def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
+        np.bitwise_or.at(self.bits, h1 >> self.shift, _masks(h2))
 
-    def may_contain(self, h1: np.ndarray) -> np.ndarray:
-        masks = _masks(h1)
+    def may_contain(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        masks = _masks(h2)
         return (self.bits[h1 >> self.shift] & masks) == masks
 
 
-def _masks(h1: np.ndarray) -> np.ndarray:
-    """Each key's two bits within its filter byte."""
-    return _BIT_PAIRS[((h1 >> _MASK_SHIFT) & np.uint64(63)).astype(np.intp)]
+def _masks(h2: np.ndarray) -> np.ndarray:
+    """Each key's bits within its filter word: two from each of two 12-bit fields of ``h2``
+    (one table lookup each, where computing four shifts would take three times the calls)."""
+    low = _BIT_PAIRS[h2 & _FIELD]
+    return np.bitwise_or(low, _BIT_PAIRS[(h2 >> _FIELD_BITS) & _FIELD], out=low)
 
 
-# The six bits that choose a key's two bits in its byte: below the bits choosing the byte in
-# any filter under 2**40 bytes, and far enough above the lowest that they stay uniform within
-# one hash bucket (a key's bucket is ``h1`` modulo the bucket count).
-_MASK_SHIFT = np.uint64(24)
-_BIT_PAIRS = np.array([(1 << (pair & 7)) | (1 << (pair >> 3)) for pair in range(64)], np.uint8)
+_FIELD_BITS = np.uint64(12)
+_FIELD = np.uint64(4095)
+# Field value -> the word with bits (value mod 64) and (value div 64) set; the two coincide
+# for one value in 64, which then sets one bit.
+_BIT_PAIRS = np.array([(1 << (pair & 63)) | (1 << (pair >> 6)) for pair in range(4096)], np.uint64)
 
 
 # Below this many keys a binary search is cheap enough that a filter does not pay. The filter
@@ -265,7 +269,7 @@ _BIT_PAIRS = np.array([(1 << (pair & 7)) | (1 << (pair >> 3)) for pair in range(
 # pays from a few thousand keys: a bucket of 30,000 answered 64 windows' lookups in 5.1 ms
 # a window with it from 8,192 keys, 6.6 ms from 65,536 (10,000 keys: 4.4 and 4.8 ms).
 FILTER_FROM_KEYS = 8_192
-# A probe of the filter is eight numpy calls whatever the number of queries: for a few it
+# A probe of the filter is ten numpy calls whatever the number of queries: for a few it
 # costs more than the binary searches it spares (64 buckets of 40,000 keys answering 31
 # queries each: 1.76 ms with the filter, 1.42 without; 100 queries each: 2.11 and 2.61). In a
 # day of 2,000-row windows into 64 buckets (31 queries each), the filter from 16 queries made
@@ -285,5 +289,5 @@ def _meets_repeats(big_h1: np.ndarray, small_h1: np.ndarray, at: np.ndarray) -> 
 
 def _filter_bytes_log2(keys: int) -> int:
     """At least ``_FILTER_BITS_PER_KEY`` bits a key, rounded up to a power of two bytes (at
-    least eight)."""
+    least eight: one word)."""
     return max((keys * _FILTER_BITS_PER_KEY - 1).bit_length() - 3, 3)

@@ -83,7 +83,7 @@ class CachedBucket:
             return self._search(fps, forget_at_or_below)
         if self.key_filter is None:
             self.key_filter = KeyFilter.over([self.keys, *self.recent])
-        rows = np.flatnonzero(self.key_filter.may_contain(fps.h1))
+        rows = np.flatnonzero(self.key_filter.may_contain(fps.h1, fps.h2))
         found = np.zeros(len(fps), dtype=bool)
         found[rows] = self._search(fps.take(rows), forget_at_or_below)
         return found
@@ -131,7 +131,7 @@ class CachedBucket:
         be rebuilt) once the bucket needs more slots or dropped keys, whose bits would stay."""
         if self.key_filter is None or dropped or not self.key_filter.sized_for(keys):
             return None
-        self.key_filter.add(new.h1)
+        self.key_filter.add(new.h1, new.h2)
         return self.key_filter
 
     def unheld(self, part: KeySet) -> KeySet:
