@@ -382,11 +382,10 @@ def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> fl
     print(header)
     print("-" * len(header))
     commit = [s - t for s, t in zip(result["seconds"], result["task"], strict=True)]
-    per_row: dict[int, float] = {}
+    sink_time: dict[int, float] = {}
     for window in checkpoints:
         snap = result["snapshots"][str(window)]
-        total = window_median(result["seconds"], window, reach)
-        per_row[window] = total / rows
+        total = sink_time[window] = window_median(result["seconds"], window, reach)
         print(
             f"{window:>7,}{total * 1000:>16.1f}{total / rows * 1e6:>9.2f}"
             f"{window_median(result['classify'], window, reach) * 1000:>13.1f}"
@@ -422,7 +421,7 @@ def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> fl
         f"first window; ports {shown} ({'ok' if ok else 'MISMATCH'} against the generator)"
     )
     first, last = checkpoints[0], checkpoints[-1]
-    growth = per_row[last] / per_row[first]
+    growth = sink_time[last] / sink_time[first]  # a window's rows are the same all day
     print(f"time per row, window {last:,} / window {first:,} of this day: {growth:.3f}")
     starts = [window_median(start, first, reach) for start in result.get("starts", [])]
     if not starts:
@@ -431,13 +430,13 @@ def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> fl
     # in three runs of the same code it took 14.0 to 18.8 ms at 2,000 rows on the disk while
     # window 1,440 took 21.7 to 22.0. The day's start is run again in fresh processes after
     # the day, and the ratio uses the median of all its measurements.
-    early = median([per_row[first] * rows, *starts])
+    early = median([sink_time[first], *starts])
     shown = ", ".join(f"{value * 1000:.1f}" for value in starts)
     print(
         f"window {first:,} again in {len(starts)} fresh processes after the day: {shown} ms; "
         f"median with this day's: {early * 1000:.1f} ms"
     )
-    growth = per_row[last] * rows / early
+    growth = sink_time[last] / early
     print(f"time per row, window {last:,} / window {first:,} (median of the starts): {growth:.3f}")
     return growth
 
@@ -470,12 +469,12 @@ def orchestrate(args: argparse.Namespace) -> None:
         )
     checkpoints = sorted({c for c in CHECKPOINTS if c < args.windows} | {args.windows})
     sizes = [args.rows_per_batch, args.rows_per_batch * args.factor]
-    first = checkpoints[0] + args.neighbourhood + 1  # the windows window 10's median needs
+    start_windows = checkpoints[0] + args.neighbourhood + 1  # what window 10's median needs
 
     def day_and_starts(rows: int, root: Path | None = None) -> dict[str, Any]:
         result = launch("worker", args, rows, root)
         result["starts"] = [
-            launch("worker", args, rows, root, stop_after=first)["seconds"]
+            launch("worker", args, rows, root, stop_after=start_windows)["seconds"]
             for _ in range(args.start_repeats)
         ]
         return result
