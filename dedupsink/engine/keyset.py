@@ -243,18 +243,24 @@ class KeyFilter:
         return self.bits.nbytes == self.nbytes_for(keys)
 
     def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
-        np.bitwise_or.at(self.bits, h1 >> self.shift, _masks(h2))
+        np.bitwise_or.at(self.bits, _as_index(h1 >> self.shift), _masks(h2))
 
     def may_contain(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
         masks = _masks(h2)
-        return (self.bits[h1 >> self.shift] & masks) == masks
+        return (self.bits[_as_index(h1 >> self.shift)] & masks) == masks
 
 
 def _masks(h2: np.ndarray) -> np.ndarray:
     """Each key's bits within its filter word: two from each of two 12-bit fields of ``h2``,
     one table lookup each (fewer numpy calls than shifting a one into place four times)."""
-    low = _BIT_PAIRS[h2 & _FIELD]
-    return np.bitwise_or(low, _BIT_PAIRS[(h2 >> _FIELD_BITS) & _FIELD], out=low)
+    low = _BIT_PAIRS[_as_index(h2 & _FIELD)]
+    return np.bitwise_or(low, _BIT_PAIRS[_as_index((h2 >> _FIELD_BITS) & _FIELD)], out=low)
+
+
+def _as_index(positions: np.ndarray) -> np.ndarray:
+    """Unsigned positions below 2**63 as numpy's index type, without a copy: indexing with
+    uint64 converts them first, which took a third to half of each filter lookup."""
+    return positions.view(np.intp)
 
 
 _FIELD_BITS = np.uint64(12)
