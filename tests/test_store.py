@@ -23,6 +23,7 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +304,20 @@ def rich_manifest(version: int, settings: Settings) -> Manifest:
 def test_manifest_round_trips_through_bytes(root: str) -> None:
     manifest = rich_manifest(1, make_plan(root).settings)
     assert Manifest.from_bytes(manifest.to_bytes(), "m") == manifest
+
+
+def test_manifest_encodes_a_changed_window_file_anew(root: str) -> None:
+    """A window file's entry is packed once and spliced into every manifest listing it: a
+    file is frozen, and a changed one is a new object, packed with its new values."""
+    manifest = rich_manifest(1, make_plan(root).settings)
+    manifest.to_bytes()
+    name = next(iter(manifest.files))
+    with pytest.raises(FrozenInstanceError):
+        manifest.files[name].keys = 5  # type: ignore[misc]
+    manifest.files[name] = replace(manifest.files[name], keys=5, max_stamp=43.0)
+    decoded = Manifest.from_bytes(manifest.to_bytes(), "m")
+    assert decoded == manifest
+    assert (decoded.files[name].keys, decoded.files[name].max_stamp) == (5, 43.0)
 
 
 def commit_rich_manifest(root: str) -> tuple[SinkPlan, Manifest]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dedupsink.engine.classify import PORTS, CommittedState, NewKeys, bucket_of, stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
@@ -186,9 +186,11 @@ def _apply_moves(done: list[TaskSummary], holders: list[Holder], moves: list[Mov
         summary = by_holder[id(move.holder)]
         summary.files = move.holder.files
         summary.counts = summary.counts.moved(move.rows, move.source, move.target)
-        wf = None if summary.written is None else summary.written.window_file
-        if wf is not None:
-            wf.keys += move.rows if move.target == "unique" else -move.rows
+        written = summary.written
+        if written is not None and written.window_file is not None:
+            wf = written.window_file
+            keys = wf.keys + (move.rows if move.target == "unique" else -move.rows)
+            written.window_file = replace(wf, keys=keys)
 
 
 def _remember_promoted(

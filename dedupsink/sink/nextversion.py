@@ -109,10 +109,11 @@ def add_window_files(nxt: Manifest, update: WindowUpdate) -> None:
             continue
         wf = written.window_file
         if mode == "systemTime":
-            wf.max_stamp = None  # the window's time, set once the latest point is known
+            # The window's time, set once the latest point is known (``advance_latest_point``).
+            wf = replace(wf, max_stamp=None)
         elif wf.local_categories:
             top = max(ordinals[name] for name in wf.local_categories)
-            wf.max_stamp = top if wf.max_stamp is None else max(wf.max_stamp, top)
+            wf = replace(wf, max_stamp=top if wf.max_stamp is None else max(wf.max_stamp, top))
         nxt.files[wf.name] = wf
         for bucket, segment in written.segments.items():
             nxt.buckets.setdefault(bucket, []).append(segment)
@@ -159,7 +160,8 @@ def advance_latest_point(nxt: Manifest, update: WindowUpdate) -> None:
         nxt.latest = now_us if previous is None else max(now_us, int(previous) + 1)
         for written in update.written:
             if written.window_file is not None:
-                written.window_file.max_stamp = nxt.latest
+                name = written.window_file.name
+                nxt.files[name] = replace(nxt.files[name], max_stamp=nxt.latest)
     else:
         stamps = [t.max_stamp for t in update.tasks if t.max_stamp is not None]
         if previous is not None:
