@@ -72,7 +72,8 @@ class WindowFile:
     @cached_property
     def packed(self) -> bytes:
         """This file's manifest entry as msgpack: after a day of one-minute windows the index
-        lists about 250 files, and packing their entries was half of each commit's encoding."""
+        lists about 250 files, and packing their entries again was a third of each commit's
+        encoding."""
         entry = {f.name: getattr(self, f.name) for f in fields(self)}
         return bytes(msgpack.packb(entry, use_bin_type=True))
 
