@@ -102,16 +102,13 @@ def add_categories(nxt: Manifest, update: WindowUpdate) -> None:
 
 def add_window_files(nxt: Manifest, update: WindowUpdate) -> None:
     """The tasks' window files and their segments join the index."""
-    mode = update.plan.settings.mode
     ordinals = nxt.category_ordinals()
     for written in update.written:
         if written.window_file is None:
             continue
         wf = written.window_file
-        if mode == "systemTime":
-            # The window's time, set once the latest point is known (``advance_latest_point``).
-            wf = replace(wf, max_stamp=None)
-        elif wf.local_categories:
+        # A systemTime file's max stamp is the window's time: ``advance_latest_point`` sets it.
+        if wf.local_categories:
             top = max(ordinals[name] for name in wf.local_categories)
             wf = replace(wf, max_stamp=top if wf.max_stamp is None else max(wf.max_stamp, top))
         nxt.files[wf.name] = wf

@@ -75,7 +75,7 @@ class WindowFile:
         lists about 250 files, and packing their entries again was a third of each commit's
         encoding."""
         entry = {f.name: getattr(self, f.name) for f in fields(self)}
-        return bytes(msgpack.packb(entry, use_bin_type=True))
+        return msgpack.packb(entry, use_bin_type=True)
 
 
 @dataclass
