@@ -345,7 +345,7 @@ def launch(
         str(args.seed),
         *(["--keep-port-cache"] if args.keep_port_cache else []),
         *(["--own-time"] if args.own_time else []),
-        *(["--stop-after", str(stop_after)] if stop_after else []),
+        *(["--stop-after", str(stop_after)] if stop_after is not None else []),
     ]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
