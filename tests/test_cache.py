@@ -325,36 +325,49 @@ def test_a_bucket_fed_a_few_keys_a_window_keeps_them_in_runs_of_geometric_sizes(
     assert entry.added([], frozenset({("f", 8)}), None).segments == frozenset({("f", 8)})
 
 
-def test_a_large_buckets_filter_is_handed_on_with_each_windows_keys() -> None:
-    """The filter a large lookup builds serves the following versions of the bucket: each sets
-    its new keys' bits, so it holds the bits of a filter built afresh over all the bucket's
-    sets, and lookups through it answer as searches of every set do. Dropping keys, or
-    outgrowing the filter's slots, leaves it to be rebuilt."""
+def random_keys(rng: np.random.Generator, n: int, stamp: int) -> KeySet:
+    lanes = (rng.integers(0, 2**64 - 1, n, dtype=np.uint64) for _ in range(2))
+    return KeySet.build(*lanes, np.full(n, stamp, np.int64))
+
+
+def test_the_managers_filter_covers_large_buckets_through_each_windows_keys() -> None:
+    """The filter covers the large buckets of a load, then takes each window's new keys: every
+    key a covered bucket holds passes, absent keys mostly do not, and a small bucket is left to
+    its searches. Once the keys added would pass its capacity the filter is replaced, sized
+    for the large buckets cached, and covers again only the buckets it is given."""
     rng = np.random.default_rng(5)
-
-    def random_keys(n: int, stamp: int) -> KeySet:
-        lanes = (rng.integers(0, 2**64 - 1, n, dtype=np.uint64) for _ in range(2))
-        return KeySet.build(*lanes, np.full(n, stamp, np.int64))
-
-    entry = CachedBucket(random_keys(20_000, 1))
-    queries = Fingerprints(*(np.sort(rng.integers(0, 2**64 - 1, 500, dtype=np.uint64)),) * 2)
-    assert not entry.contains(queries, None).any() and entry.key_filter is not None
-    built = entry.key_filter
+    shared = cache_module.BucketsFilter()
+    entries = {0: CachedBucket(random_keys(rng, 20_000, 1)), 1: _bucket_of(100)}
+    shared.cover(entries, {0: [], 1: []}, lambda: 20_000)
+    first = shared.nbytes
+    absent = Fingerprints(*(rng.integers(0, 2**64 - 1, 5_000, dtype=np.uint64),) * 2)
     for window in range(2, 40):
-        entry = entry.added([random_keys(60, window)], frozenset(), None)
-        assert entry.key_filter is built
-    assert np.array_equal(built.bits, KeyFilter.over([entry.keys, *entry.recent]).bits)
-    every = entry.merged()
-    probe = rng.choice(len(every), 400, replace=False)
-    order = np.argsort(every.h1[probe])
-    present = Fingerprints(every.h1[probe][order], every.h2[probe][order])
-    assert entry.contains(present, None).all()
-    assert entry.contains(present, 20).tolist() == (every.stamps[probe][order] > 20).tolist()
-    expired = entry.added([random_keys(10_000, 50)], frozenset(), 1)  # a fold drops stamp 1
-    assert expired.keys.stamps is not None and (expired.keys.stamps > 1).all()
-    assert expired.key_filter is None
-    grown = entry.added([random_keys(20_000, 60)], frozenset(), None)  # needs twice the slots
-    assert grown.key_filter is None
+        new = random_keys(rng, 60, window)
+        entries = {0: entries[0].added([new], frozenset(), None), 1: entries[1]}
+        shared.cover(entries, {0: [new], 1: []}, lambda: 22_280)
+        every = entries[0].merged()
+        passing, covered = shared.passing([0, 1], Fingerprints(every.h1, every.h2))
+        assert covered == [True, False] and passing.all()
+    assert shared.nbytes == first, "22,280 keys fit the first filter"
+    assert shared.passing([0], absent)[0].mean() < 0.03
+
+    grown = {2: CachedBucket(random_keys(rng, 30_000, 40))}
+    shared.cover(grown, {2: []}, lambda: 52_280)
+    passing, covered = shared.passing([0, 2], Fingerprints(grown[2].keys.h1, grown[2].keys.h2))
+    assert covered == [False, True] and passing.all()
+    assert shared.nbytes == KeyFilter(52_280 * 3 // 2).bits.nbytes == 2**17
+
+
+def test_the_managers_filter_counts_against_the_cache_bound() -> None:
+    cache = BucketCache(8, max_bytes=3 * 1000 * 16 + 4096)
+    for bucket in range(3):
+        cache.put(bucket, _bucket_of(1000))
+    cache.reserve(4096)
+    assert cache.nbytes == 3 * 1000 * 16 + 4096 and cache.info().evictions == 0
+    cache.reserve(8192)  # a larger filter leaves room for two buckets
+    assert cache.info().size == 2 and cache.nbytes == 2 * 1000 * 16 + 8192
+    cache.clear()
+    assert cache.nbytes == 8192
 
 
 def test_a_large_buckets_search_of_its_newest_runs_first_answers_as_every_set_does() -> None:
@@ -491,14 +504,17 @@ def own_time_window(plan: SinkPlan, number: int, ids: Sequence[int]) -> TaskSumm
     return summary
 
 
+@pytest.mark.parametrize("filter_from", [cache_module.FILTER_FROM_KEYS, 64])
 def test_a_bucket_compacted_under_a_warm_cache_answers_as_one_built_afresh(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filter_from: int
 ) -> None:
     """A compacted segment's keys are mostly keys the warm bucket holds already: they are left
     out of its merge, the ones it lacks (or holds with an older value) are not."""
     spec = MODES["own-time"]
     options = {**spec["options"], "numBuckets": "1", "expiryPeriod": "2000"}
     plan = make_plan(tmp_path, spec["schema"], **options)
+    # At 64 keys the managers' filter covers the bucket: it must answer as searches do.
+    monkeypatch.setattr(cache_module, "FILTER_FROM_KEYS", filter_from)
     left_out: list[int] = []
     unheld = CachedBucket.unheld
 
@@ -522,10 +538,13 @@ def test_a_bucket_compacted_under_a_warm_cache_answers_as_one_built_afresh(
         new = range(2000 + 20 * number, 2020 + 20 * number)
         own_time_window(plan, number, [*new, *rng.sample(range(2000 + 20 * number), 5)])
     assert sum(left_out) > 100, "no compacted segment was merged into a warm bucket"
+    covered = warm.filter.passing([0], fps_of(probe))[1]
+    assert covered == [filter_from < 2000], "the filter covers the bucket when it is large"
 
 
+@pytest.mark.parametrize("filter_from", [cache_module.FILTER_FROM_KEYS, 64])
 def test_a_process_takes_what_it_wrote_from_memory_and_answers_as_a_cache_built_afresh(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filter_from: int
 ) -> None:
     """The task's own process is told what it wrote: the next window reads those segments only
     to check them, decodes none of them (a fold of held segments adds its new keys alone), and
@@ -533,6 +552,7 @@ def test_a_process_takes_what_it_wrote_from_memory_and_answers_as_a_cache_built_
     spec = MODES["own-time"]
     options = {**spec["options"], "numBuckets": "1", "expiryPeriod": "2500"}
     plan = make_plan(tmp_path, spec["schema"], **options)
+    monkeypatch.setattr(cache_module, "FILTER_FROM_KEYS", filter_from)
     decoded: list[tuple[BucketManager, int]] = []
     decode = BucketManager._decode
 
@@ -567,6 +587,7 @@ def test_a_process_takes_what_it_wrote_from_memory_and_answers_as_a_cache_built_
         window(number, [*new, *rng.sample(range(2000 + 20 * number), 5)])
     assert folds >= 5, f"{folds} folds: the test proves little"
     assert [count for manager, count in decoded if manager is own] == []
+    assert own.filter.passing([0], fps_of(probe))[1] == [filter_from < 2000]
 
 
 def test_notes_of_what_a_task_wrote_take_at_most_an_eighth_of_the_cache_bound(

@@ -959,14 +959,16 @@ def test_large_keyset_lookup_matches_the_model_and_its_filter_turns_away_only_ab
             for a, b in zip(q1.tolist(), q2.tolist(), strict=True)
         ]
         assert found == expected, point
-    key_filter = KeyFilter.over([keys])
+    key_filter = KeyFilter(n)
+    key_filter.add(keys.h1, keys.h2)
     assert key_filter.may_contain(h1, h2).all()
     assert key_filter.may_contain(absent_h1, absent_h2).mean() < 0.03  # 2**20 bits, 100,000 keys
     # One hash bucket's keys share their low bits (h1 modulo the bucket count): the filter
     # chooses its word by the top bits and its bits by h2, so it turns away as many absent
     # keys of that bucket.
     same_bucket = h1 - h1 % np.uint64(64) + np.uint64(5)
-    bucket_filter = KeyFilter.over([KeySet.build(same_bucket, h2, stamps)])
+    bucket_filter = KeyFilter(n)
+    bucket_filter.add(same_bucket, h2)
     absent_of_bucket = absent_h1 - absent_h1 % np.uint64(64) + np.uint64(5)
     assert bucket_filter.may_contain(same_bucket, h2).all()
     assert bucket_filter.may_contain(absent_of_bucket, absent_h2).mean() < 0.03

@@ -4,15 +4,14 @@ Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (
 largest stamp wins), so membership is a vectorised binary search and merging an insertion.
 A set knows whether two of its keys share ``h1`` (a 64-bit collision, settled by ``h2``): only
 then does a lookup look past the first key of each ``h1``.
-``KeyFilter`` is the blocked Bloom filter a large cached bucket keeps over all its sets (at
-least eight bits per key, rounded up to a power of two: one to two bytes per key): most lookups
-are of keys never seen, and the filter turns away 97-99% of them before the binary searches,
-whose cost grows with the bucket.
+``KeyFilter`` is the blocked Bloom filter a bucket manager keeps over its large cached buckets
+(at least eight bits per key, rounded up to a power of two): most lookups are of keys never
+seen, and the filter turns away 97-99% of them before the binary searches, whose cost grows
+with the bucket.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -215,32 +214,20 @@ class KeyFilter:
     at one to two bytes a key, 0.7-3.3% of absent keys pass where 4.5-6% passed with two bits of
     a byte. Each one that passes costs a binary search of every set of the bucket.
 
-    Bits are only ever set, so one filter can serve the successive versions of a cached bucket,
-    each adding its new keys in place: a bit set for a key that only a newer version holds
-    costs an older one a search, never a wrong answer. Keys dropped from the sets keep their
-    bits until the filter is rebuilt, with the same cost and no other."""
+    Bits are only ever set, so one filter serves the successive versions of the buckets it
+    covers, each adding its new keys in place: a bit set for a key that only a newer version
+    holds costs an older one a search, never a wrong answer. Keys dropped from the sets keep
+    their bits until the filter is replaced, with the same cost and no other."""
 
     def __init__(self, keys: int) -> None:
         words_log2 = _filter_bytes_log2(keys) - 3
         self.shift = np.uint64(64 - words_log2)
         self.bits = np.zeros(1 << words_log2, dtype=np.uint64)
 
-    @classmethod
-    def over(cls, sets: Iterable[KeySet]) -> KeyFilter:
-        sets = list(sets)
-        built = cls(sum(len(keys) for keys in sets))
-        for keys in sets:
-            built.add(keys.h1, keys.h2)
-        return built
-
-    @staticmethod
-    def nbytes_for(keys: int) -> int:
-        """The bytes of a filter sized for this many keys (counted before it is built, so a
-        cache's accounting does not drift)."""
-        return 1 << _filter_bytes_log2(keys)
-
-    def sized_for(self, keys: int) -> bool:
-        return self.bits.nbytes == self.nbytes_for(keys)
+    @property
+    def capacity(self) -> int:
+        """The keys it holds at its designed rate of bits a key."""
+        return self.bits.nbytes * 8 // _FILTER_BITS_PER_KEY
 
     def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
         np.bitwise_or.at(self.bits, _as_index(h1 >> self.shift), _masks(h2))
@@ -270,18 +257,11 @@ _FIELD = np.uint64(4095)
 _BIT_PAIRS = np.array([(1 << (pair & 63)) | (1 << (pair >> 6)) for pair in range(4096)], np.uint64)
 
 
-# Below this many keys a binary search is cheap enough that a filter does not pay. The filter
-# is carried from window to window (rebuilt only when the bucket doubles or drops keys), so it
-# pays from a few thousand keys: a bucket of 30,000 answered 64 windows' lookups in 5.1 ms
-# a window with it from 8,192 keys, 6.6 ms from 65,536 (10,000 keys: 4.4 and 4.8 ms).
+# Below this many keys a bucket's binary searches stay in the CPU's caches and cost about what
+# its queries' probes and its keys' bits would: a bucket is covered by the filter from here.
+# (With a filter per bucket, a bucket of 30,000 answered 64 windows' lookups in 5.1 ms a window
+# with it from 8,192 keys, 6.6 ms from 65,536; 10,000 keys: 4.4 and 4.8 ms.)
 FILTER_FROM_KEYS = 8_192
-# A probe of the filter is ten numpy calls whatever the number of queries: for a few it
-# costs more than the binary searches it spares (64 buckets of 40,000 keys answering 31
-# queries each: 1.76 ms with the filter, 1.42 without; 100 queries each: 2.11 and 2.61). In a
-# day of 2,000-row windows into 64 buckets (31 queries each), the filter from 16 queries took
-# 0.5-0.6 ms off window 1,440's lookups and added 0.6-0.8 ms to its merging (setting the new
-# keys' bits in 64 filters out of the caches).
-FILTER_FROM_QUERIES = 48
 _FILTER_BITS_PER_KEY = 8
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,7 +30,7 @@ import numpy as np
 
 from dedupsink.engine.classify import NewKeys
 from dedupsink.engine.fingerprint import Fingerprints
-from dedupsink.engine.keyset import FILTER_FROM_KEYS, FILTER_FROM_QUERIES, KeyFilter, KeySet
+from dedupsink.engine.keyset import FILTER_FROM_KEYS, KeyFilter, KeySet
 from dedupsink.store.format import (
     DecodedSegment,
     Manifest,
@@ -57,41 +58,31 @@ class CachedBucket:
     it was last rebuilt, in runs of decreasing size (``recent``). New keys merge into the
     smallest run only, and a run folds into the next larger once it reaches a fraction of it,
     so a window's new keys cost in proportion to themselves and a few runs' sizes, not to the
-    whole bucket. A large bucket keeps one filter over all its sets, built at its first large
-    lookup and handed on to the next version with the new keys' bits set, so a query it turns
-    away is searched in none of them."""
+    whole bucket. (The manager's ``BucketsFilter`` turns away most queries of a large bucket
+    before they reach these searches.)"""
 
     keys: KeySet
     segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
     recent: tuple[KeySet, ...] = ()
-    key_filter: KeyFilter | None = None
     # Counted once: the cache reads it at every store, and the sets never change.
     nbytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        keys = len(self)
-        filters = KeyFilter.nbytes_for(keys) if keys >= FILTER_FROM_KEYS else 0
-        self.nbytes = self.keys.nbytes + sum(run.nbytes for run in self.recent) + filters
+        self.nbytes = self.keys.nbytes + sum(run.nbytes for run in self.recent)
 
     def __len__(self) -> int:
         return len(self.keys) + sum(len(run) for run in self.recent)
 
-    def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
-        """Which of these queries, sorted by ``h1``, the bucket remembers: each binary search
-        then narrows the next."""
-        if len(self) < FILTER_FROM_KEYS or len(fps) < FILTER_FROM_QUERIES:
-            return self._search(fps, forget_at_or_below)
-        if self.key_filter is None:
-            self.key_filter = KeyFilter.over([self.keys, *self.recent])
-        rows = np.flatnonzero(self.key_filter.may_contain(fps.h1, fps.h2))
-        found = np.zeros(len(fps), dtype=bool)
-        found[rows] = self._search(fps.take(rows), forget_at_or_below)
-        return found
+    @property
+    def sets(self) -> tuple[KeySet, ...]:
+        return (self.keys, *self.recent)
 
-    def _search(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
-        """Newest keys first: re-sent keys are mostly recent ones, found in the small runs,
-        and only the rest need a large bulk, whose search costs a cache miss at most steps.
-        For a small bulk or a few queries, picking out the rest costs more than it spares."""
+    def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
+        """Which of these queries, sorted by ``h1``, the bucket remembers, newest keys first:
+        re-sent keys are mostly recent ones, found in the small runs, and only the rest need a
+        large bulk, whose search costs a cache miss at most steps. For a small bulk or a few
+        queries, picking out the rest costs more than it spares. Each binary search narrows
+        the next, the queries being sorted."""
         found = np.zeros(len(fps), dtype=bool)
         for run in reversed(self.recent):
             found |= run.contains(fps, forget_at_or_below, presorted=True)
@@ -108,7 +99,7 @@ class CachedBucket:
     ) -> CachedBucket:
         added = sum(len(part) for part in parts)
         if not added:
-            return CachedBucket(self.keys, segments, self.recent, self.key_filter)
+            return CachedBucket(self.keys, segments, self.recent)
         new = parts[0]
         for part in parts[1:]:
             new = new.merge(part)
@@ -122,17 +113,7 @@ class CachedBucket:
             smallest = runs.pop()
             runs[-1] = runs[-1].merge(smallest)
         bulk = runs[0] if runs[0] is self.keys else runs[0].alive(forget)
-        entry = CachedBucket(bulk, segments, tuple(runs[1:]))
-        entry.key_filter = self._handed_on(new, len(entry), dropped=len(bulk) < len(runs[0]))
-        return entry
-
-    def _handed_on(self, new: KeySet, keys: int, dropped: bool) -> KeyFilter | None:
-        """This version's filter with the new keys' bits set, for the next version; None (to
-        be rebuilt) once the bucket needs more slots or dropped keys, whose bits would stay."""
-        if self.key_filter is None or dropped or not self.key_filter.sized_for(keys):
-            return None
-        self.key_filter.add(new.h1, new.h2)
-        return self.key_filter
+        return CachedBucket(bulk, segments, tuple(runs[1:]))
 
     def unheld(self, part: KeySet) -> KeySet:
         """The keys of ``part`` this bucket does not already hold with at least their stamp:
@@ -149,7 +130,7 @@ class CachedBucket:
         return keys
 
 
-# Below this many queries a bucket's search gives the bulk all of them (see ``_search``).
+# Below this many queries a bucket's search gives the bulk all of them (see ``contains``).
 _PICK_OUT_FROM_QUERIES = 16
 # Measured on a day of one-minute windows into one-hour buckets: folding at a quarter keeps a
 # window's merge cost flat through the hour (an eighth grew it 2x, a half cost more throughout).
@@ -171,7 +152,8 @@ def _fold_ratio(bulk: int, added: int) -> float:
 
 
 class BucketCache:
-    """A thread-safe LRU of buckets, bounded by a number of buckets and by their bytes.
+    """A thread-safe LRU of buckets, bounded by a number of buckets and by their bytes, which
+    count the bytes ``reserve``d for the manager's filter.
 
     The bucket stored last is never evicted, so one bucket larger than the byte bound is still
     served from memory while it stays in use (only it is kept)."""
@@ -181,6 +163,7 @@ class BucketCache:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[int, CachedBucket] = OrderedDict()
         self._nbytes = 0
+        self._reserved = 0
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = 0
 
@@ -201,10 +184,25 @@ class BucketCache:
                 self._nbytes -= previous.nbytes
             self._entries[bucket] = entry
             self._nbytes += entry.nbytes
-            while len(self._entries) > 1 and self._over_bounds():
-                _, evicted = self._entries.popitem(last=False)
-                self._nbytes -= evicted.nbytes
-                self.evictions += 1
+            self._evict_over_bounds()
+
+    def reserve(self, nbytes: int) -> None:
+        """Count these bytes (the manager's filter) against the byte bound."""
+        with self._lock:
+            self._nbytes += nbytes - self._reserved
+            self._reserved = nbytes
+            self._evict_over_bounds()
+
+    def keys_held(self, at_least: int) -> int:
+        """The keys of the cached buckets holding at least this many."""
+        with self._lock:
+            return sum(len(entry) for entry in self._entries.values() if len(entry) >= at_least)
+
+    def _evict_over_bounds(self) -> None:
+        while len(self._entries) > 1 and self._over_bounds():
+            _, evicted = self._entries.popitem(last=False)
+            self._nbytes -= evicted.nbytes
+            self.evictions += 1
 
     def _over_bounds(self) -> bool:
         too_many = len(self._entries) > self.capacity
@@ -213,7 +211,7 @@ class BucketCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._nbytes = 0
+            self._nbytes = self._reserved
 
     def info(self) -> CacheInfo:
         with self._lock:
@@ -230,6 +228,84 @@ class BucketCache:
     def nbytes(self) -> int:
         with self._lock:
             return self._nbytes
+
+
+class BucketsFilter:
+    """One ``KeyFilter`` over the keys of a manager's large cached buckets (``FILTER_FROM_KEYS``
+    keys or more), probed once for all of a lookup's queries and given all of a load's new keys
+    in one call. A filter per bucket cost ten numpy calls a probe and as many an add in each
+    bucket, which at a few dozen queries a bucket (2,000-row windows into 64 buckets) cost what
+    the searches it spared did; shared, the calls are a window's, not a bucket's.
+
+    A bucket is *covered* once every key of its cached entry has been added: only a covered
+    bucket's queries are turned away. Bits are never cleared, so keys that leave an entry
+    (expired, compacted or evicted) keep theirs and cost a search, never a wrong answer, until
+    the filter is replaced: once the keys added would pass its capacity (eight bits a key), a
+    new one is sized for half as many again as the large buckets cached, and each is covered
+    afresh at its next load. Its bytes count against the cache's byte bound."""
+
+    def __init__(self) -> None:
+        self._filter: KeyFilter | None = None
+        self._covered: set[int] = set()
+        self._room = 0  # keys that may still be added before the filter is replaced
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._filter is None else self._filter.bits.nbytes
+
+    def cover(
+        self,
+        entries: dict[int, CachedBucket],
+        new: dict[int, list[KeySet]],
+        cached_keys: Callable[[], int],
+    ) -> None:
+        """Keep covered the buckets in ``entries`` (their versions about to be cached), which
+        gained the keys in ``new``, and cover those grown large. ``cached_keys``: the keys of
+        the large buckets cached, which size a new filter."""
+        with self._lock:
+            sets, covering = self._to_add(entries, new)
+            count = sum(len(keys) for keys in sets)
+            if count and (self._filter is None or count > self._room):
+                self._covered.clear()
+                sets, covering = self._to_add(entries, new)
+                count = sum(len(keys) for keys in sets)
+                self._filter = KeyFilter(max(cached_keys(), count) * 3 // 2)
+                self._room = self._filter.capacity
+            if count and self._filter is not None:
+                self._filter.add(*_lanes(sets))
+                self._room -= count
+            self._covered |= covering
+
+    def _to_add(
+        self, entries: dict[int, CachedBucket], new: dict[int, list[KeySet]]
+    ) -> tuple[list[KeySet], set[int]]:
+        sets: list[KeySet] = []
+        covering: set[int] = set()
+        for bucket, entry in entries.items():
+            if bucket in self._covered:
+                sets.extend(new[bucket])
+            elif len(entry) >= FILTER_FROM_KEYS:
+                sets.extend(entry.sets)
+                covering.add(bucket)
+        return sets, covering
+
+    def passing(self, buckets: list[int], fps: Fingerprints) -> tuple[np.ndarray, list[bool]]:
+        """Which of these queries may be held, and which of these buckets that answer holds
+        for (the others' queries must all be searched). The buckets are read with the filter
+        they are covered by: a filter replaced meanwhile leaves this one's bits as they were."""
+        with self._lock:
+            key_filter = self._filter
+            covered = [bucket in self._covered for bucket in buckets]
+        if key_filter is None or not any(covered):
+            return np.ones(len(fps), dtype=bool), [False] * len(buckets)
+        return key_filter.may_contain(fps.h1, fps.h2), covered
+
+
+def _lanes(sets: list[KeySet]) -> tuple[np.ndarray, np.ndarray]:
+    if len(sets) == 1:
+        return sets[0].h1, sets[0].h2
+    return np.concatenate([keys.h1 for keys in sets]), np.concatenate([keys.h2 for keys in sets])
 
 
 _NOTED_BYTES_PER_KEY = 24  # two 64-bit fingerprint words and a stamp
@@ -255,6 +331,7 @@ class BucketManager:
         self.cache = cache
         self.stamp_dtype = stamp_dtype
         self.manifest: Manifest | None = None
+        self.filter = BucketsFilter()
         self._written: dict[Segment, tuple[int, WrittenSegment]] = {}
         self._noted_bytes = 0
         self._written_lock = threading.Lock()
@@ -324,10 +401,19 @@ class BucketManager:
         # lookup too (the byte bound is enforced as buckets are stored).
         for first in range(0, len(spans), self.cache.capacity):
             chunk = spans[first : first + self.cache.capacity]
-            loaded = self.load([bucket for bucket, _, _ in chunk], forget_at_or_below)
-            for bucket, start, end in chunk:
-                queries = Fingerprints(h1[start:end], h2[start:end])
-                found[order[start:end]] = loaded[bucket].contains(queries, forget_at_or_below)
+            chunk_buckets = [bucket for bucket, _, _ in chunk]
+            loaded = self.load(chunk_buckets, forget_at_or_below)
+            low, high = chunk[0][1], chunk[-1][2]
+            passing, covered = self.filter.passing(
+                chunk_buckets, Fingerprints(h1[low:high], h2[low:high])
+            )
+            for (bucket, start, end), filtered in zip(chunk, covered, strict=True):
+                rows, queries = order[start:end], Fingerprints(h1[start:end], h2[start:end])
+                if filtered:
+                    kept = np.flatnonzero(passing[start - low : end - low])
+                    rows, queries = rows[kept], queries.take(kept)
+                if len(rows):
+                    found[rows] = loaded[bucket].contains(queries, forget_at_or_below)
         return found
 
     def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, CachedBucket]:
@@ -359,13 +445,16 @@ class BucketManager:
                 continue
             part = self._decode(raw, segment)
             additions[bucket].append(entries[bucket].unheld(part) if bucket in compacted else part)
-        result: dict[int, CachedBucket] = {}
-        for bucket, entry in entries.items():
-            parts = additions[bucket]
-            if parts:
-                entry = entry.added(parts, live[bucket], forget_at_or_below)
+        result = {
+            bucket: entry.added(additions[bucket], live[bucket], forget_at_or_below)
+            if additions[bucket]
+            else entry
+            for bucket, entry in entries.items()
+        }
+        self.filter.cover(result, additions, lambda: self.cache.keys_held(FILTER_FROM_KEYS))
+        self.cache.reserve(self.filter.nbytes)
+        for bucket, entry in result.items():
             self.cache.put(bucket, entry)
-            result[bucket] = entry
         return result
 
     def _catch_up(self, bucket: int) -> _CatchUp:
