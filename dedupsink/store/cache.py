@@ -273,7 +273,7 @@ class BucketsFilter:
                 self._filter = KeyFilter(max(cached_keys(), count) * 3 // 2)
                 self._room = self._filter.capacity
             if count and self._filter is not None:
-                self._filter.add(*_lanes(sets))
+                _add_all(self._filter, sets)
                 self._room -= count
             self._covered |= covering
 
@@ -302,10 +302,17 @@ class BucketsFilter:
         return key_filter.may_contain(fps.h1, fps.h2), covered
 
 
-def _lanes(sets: list[KeySet]) -> tuple[np.ndarray, np.ndarray]:
-    if len(sets) == 1:
-        return sets[0].h1, sets[0].h2
-    return np.concatenate([keys.h1 for keys in sets]), np.concatenate([keys.h2 for keys in sets])
+def _add_all(key_filter: KeyFilter, sets: list[KeySet]) -> None:
+    """Add the keys of these sets: the small ones (a window's new keys) in one call, the large
+    ones (buckets being covered) each in its own, so covering every bucket never copies them all."""
+    small = [keys for keys in sets if len(keys) < FILTER_FROM_KEYS]
+    for keys in sets:
+        if len(keys) >= FILTER_FROM_KEYS:
+            key_filter.add(keys.h1, keys.h2)
+    if len(small) == 1:
+        key_filter.add(small[0].h1, small[0].h2)
+    elif small:
+        key_filter.add(np.concatenate([k.h1 for k in small]), np.concatenate([k.h2 for k in small]))
 
 
 _NOTED_BYTES_PER_KEY = 24  # two 64-bit fingerprint words and a stamp
