@@ -43,7 +43,7 @@ Measured, in a fresh process per size:
 re-send carries a time of its own window's minute (sent later than its original, as a
 producer's retry stamped at send time), keys go to ``numBuckets`` hash buckets (64), and every
 window touches every bucket, so ``maxCacheMemory`` is set to hold the whole day's keys (32 bytes
-a key: 24 for the key and its value, up to 2 for a large bucket's filter, and room to spare).
+a key: 24 for the key and its value, up to 3 for the manager's filter, and room to spare).
 
 The last lines are machine-readable: ``overhead_growth=<x>``, the time per row at window 1,440
 over the time per row at window 10 (the median of the starts; the larger of the two sizes'
@@ -102,7 +102,7 @@ SINK_OPTIONS = {
     "bucketSpan": "1 hour",
 }
 # With --own-time the cache must hold every key of the day (hash buckets): this many bytes a
-# key covers the key, its value, a large bucket's filter and the fold of a bucket's recent keys.
+# key covers the key, its value, the manager's filter and the fold of a bucket's recent keys.
 OWN_TIME_CACHE_BYTES_PER_KEY = 32
 
 

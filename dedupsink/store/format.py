@@ -37,9 +37,10 @@ SegmentBytes = bytes | memoryview  # a segment as read: bytes, or a view into a 
 class Segment(NamedTuple):
     """One bucket's keys inside one window file.
 
-    A named tuple: a manifest holds one per bucket per window file (83 after the scale
-    benchmark's day), and every task and commit decodes them all. A tuple is built about four
-    times faster than a frozen dataclass, and packs as the msgpack array it is stored as."""
+    A named tuple: a manifest holds one per bucket per window file (825 after the scale
+    benchmark's day of hash buckets), and every task and commit decodes them all. A tuple is
+    built about four times faster than a frozen dataclass, and packs as the msgpack array it is
+    stored as."""
 
     file: str
     offset: int
