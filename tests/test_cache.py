@@ -215,6 +215,22 @@ def test_small_cache_classifies_like_an_unbounded_one(filled: FilledStore, capac
     assert filled.answers[capacity] == filled.answers[UNBOUNDED]
 
 
+@pytest.mark.parametrize("capacity", [1, UNBOUNDED])
+def test_the_managers_filter_answers_as_the_searches_did(
+    filled: FilledStore, capacity: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every window again, each bucket covered by the filter from its second key: a warm manager,
+    and one that evicts a bucket at every load (its filter keeps the evicted keys' bits and
+    takes the reloaded ones again), answer as the searches alone did."""
+    monkeypatch.setattr(cache_module, "FILTER_FROM_KEYS", 2)
+    manager = new_manager(filled.plan, capacity)
+    for number, tasks in enumerate(filled.windows):
+        manifest = filled.store.read(number)
+        assert manifest is not None
+        assert classify(filled.plan, manager, manifest, tasks) == filled.answers[UNBOUNDED][number]
+    assert manager.filter.nbytes > 0
+
+
 def test_manager_answers_match_the_reference_and_the_commits(filled: FilledStore) -> None:
     spec = MODES[filled.mode]
     reference = ReferenceDedup(*spec["reference"])
