@@ -305,13 +305,13 @@ class BucketsFilter:
 def _add_all(key_filter: KeyFilter, sets: list[KeySet]) -> None:
     """Add the keys of these sets: the small ones (a window's new keys) in one call, the large
     ones (buckets being covered) each in its own, so covering every bucket never copies them all."""
-    small = [keys for keys in sets if len(keys) < FILTER_FROM_KEYS]
+    small: list[KeySet] = []
     for keys in sets:
-        if len(keys) >= FILTER_FROM_KEYS:
+        if len(keys) < FILTER_FROM_KEYS:
+            small.append(keys)
+        else:
             key_filter.add(keys.h1, keys.h2)
-    if len(small) == 1:
-        key_filter.add(small[0].h1, small[0].h2)
-    elif small:
+    if small:
         key_filter.add(np.concatenate([k.h1 for k in small]), np.concatenate([k.h2 for k in small]))
 
 
@@ -403,7 +403,7 @@ class BucketManager:
         # Grouped by bucket, in h1 order within each: every bucket's queries arrive sorted.
         by_h1 = None if _ascending(fps.h1) else np.argsort(fps.h1)
         order, spans = group_by_bucket(buckets, within=by_h1)
-        h1, h2 = fps.h1[order], fps.h2[order]
+        grouped = fps.take(order)
         # Fetch at most maxCachedBuckets buckets at a time: the count bound holds within one
         # lookup too (the byte bound is enforced as buckets are stored).
         for first in range(0, len(spans), self.cache.capacity):
@@ -411,11 +411,9 @@ class BucketManager:
             chunk_buckets = [bucket for bucket, _, _ in chunk]
             loaded = self.load(chunk_buckets, forget_at_or_below)
             low, high = chunk[0][1], chunk[-1][2]
-            passing, covered = self.filter.passing(
-                chunk_buckets, Fingerprints(h1[low:high], h2[low:high])
-            )
+            passing, covered = self.filter.passing(chunk_buckets, grouped[low:high])
             for (bucket, start, end), filtered in zip(chunk, covered, strict=True):
-                rows, queries = order[start:end], Fingerprints(h1[start:end], h2[start:end])
+                rows, queries = order[start:end], grouped[start:end]
                 if filtered:
                     kept = np.flatnonzero(passing[start - low : end - low])
                     rows, queries = rows[kept], queries.take(kept)
