@@ -423,6 +423,14 @@ def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> fl
     first, last = checkpoints[0], checkpoints[-1]
     growth = sink_time[last] / sink_time[first]  # a window's rows are the same all day
     print(f"time per row, window {last:,} / window {first:,} of this day: {growth:.3f}")
+    if len(checkpoints) > 2:
+        # The store's structure (bucket sizes, runs and segments a bucket) settles within the
+        # day's first hours: this separates that ramp from growth that goes on all day.
+        second = checkpoints[1]
+        print(
+            f"time per row, window {last:,} / window {second:,} of this day: "
+            f"{sink_time[last] / sink_time[second]:.3f}"
+        )
     starts = [window_median(start, first, reach) for start in result.get("starts", [])]
     if not starts:
         return growth
