@@ -86,6 +86,19 @@ def test_reads_and_listings_see_what_another_instance_wrote_since(location: Remo
     assert mine.entries(mine.path("nothing-here")) == {}
 
 
+def test_a_listing_holds_the_files_directly_in_the_folder(location: Remote) -> None:
+    fs = storage(location)
+    fs.write(fs.path("log", "000001.manifest"), b"one")
+    fs.write(fs.path("log", "deeper", "000002.manifest"), b"two")
+    listed = fs.entries(fs.path("log"))
+    assert list(listed) == ["000001.manifest"]
+    assert (listed["000001.manifest"].name, listed["000001.manifest"].size) == (
+        "000001.manifest",
+        3,
+    )
+    assert fs.entries(fs.path("log", "000001.manifest", "not-a-folder")) == {}
+
+
 def test_ranged_reads_return_the_bytes_asked_for(location: Remote) -> None:
     fs = storage(location)
     path = fs.path("data", "ranges")

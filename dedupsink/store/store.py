@@ -141,6 +141,8 @@ class BucketStore:
     ) -> None:
         self.storage = Storage.for_url(url.rstrip("/"), storage_options, option)
         self.url = self.storage.url
+        # Each segment read names its file's URL for its errors: built once, not per segment.
+        self._data_url = self.storage.full_url(self.path(DATA_DIR))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (BucketStore, (self.url, self.storage.options))
@@ -156,7 +158,7 @@ class BucketStore:
 
     def data_url(self, name: str) -> str:
         """A window file's URL, as errors name it."""
-        return self.storage.full_url(self.data_path(name))
+        return f"{self._data_url}/{name}"
 
     # -- reading ---------------------------------------------------------------------------
 
