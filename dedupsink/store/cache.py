@@ -24,6 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import NamedTuple
 
 import numpy as np
@@ -86,6 +87,8 @@ class CachedBucket:
         found = np.zeros(len(fps), dtype=bool)
         for run in reversed(self.recent):
             found |= run.contains(fps, forget_at_or_below, presorted=True)
+            if found.all():  # behind the filter mostly re-sent keys are left, and the newest
+                return found
         small = len(self.keys) < FILTER_FROM_KEYS or len(fps) < _PICK_OUT_FROM_QUERIES
         if small or not found.any():
             found |= self.keys.contains(fps, forget_at_or_below, presorted=True)
@@ -411,14 +414,23 @@ class BucketManager:
             chunk_buckets = [bucket for bucket, _, _ in chunk]
             loaded = self.load(chunk_buckets, forget_at_or_below)
             low, high = chunk[0][1], chunk[-1][2]
-            passing, covered = self.filter.passing(chunk_buckets, grouped[low:high])
-            for (bucket, start, end), filtered in zip(chunk, covered, strict=True):
-                rows, queries = order[start:end], grouped[start:end]
-                if filtered:
-                    kept = np.flatnonzero(passing[start - low : end - low])
-                    rows, queries = rows[kept], queries.take(kept)
-                if len(rows):
-                    found[rows] = loaded[bucket].contains(queries, forget_at_or_below)
+            rows, queries = order[low:high], grouped[low:high]
+            edges = [start - low for _, start, _ in chunk] + [high - low]
+            passing, covered = self.filter.passing(chunk_buckets, queries)
+            if any(covered):
+                # The queries the filter lets through, picked out for all buckets at once:
+                # a bucket's own pick-out cost more calls than its few remaining searches.
+                for (_, start, end), filtered in zip(chunk, covered, strict=True):
+                    if not filtered:
+                        passing[start - low : end - low] = True
+                kept = np.flatnonzero(passing)
+                rows, queries = rows[kept], queries.take(kept)
+                edges = np.searchsorted(kept, edges).tolist()
+            for (bucket, _, _), (start, end) in zip(chunk, pairwise(edges), strict=True):
+                if start < end:
+                    found[rows[start:end]] = loaded[bucket].contains(
+                        queries[start:end], forget_at_or_below
+                    )
         return found
 
     def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, CachedBucket]:
