@@ -975,6 +975,17 @@ def test_large_keyset_lookup_matches_the_model_and_its_filter_turns_away_only_ab
     assert keys.nbytes == 3 * 8 * n and key_filter.bits.nbytes == (1 << 20) // 8
 
 
+def test_a_filter_keeps_every_key_of_an_add_whose_keys_share_words() -> None:
+    rng = np.random.default_rng(7)
+    h1 = rng.integers(0, 2**64 - 1, 40, dtype=np.uint64)
+    h2 = rng.integers(0, 2**64 - 1, 40, dtype=np.uint64)
+    crowded = KeyFilter(64)  # eight words for 40 keys: each holds about five keys' bits
+    assert len(crowded.bits) == 8
+    crowded.add(h1, h2)
+    assert crowded.may_contain(h1, h2).all()
+    assert (crowded.bits != np.uint64(2**64 - 1)).all()  # no word is all ones: each bit counts
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_keyset_merge_equals_building_the_union(seed: int) -> None:
     a, b = crowded_keys(seed, 25), crowded_keys(seed + 50, 15)
