@@ -233,8 +233,8 @@ class KeyFilter:
         words, masks = _as_index(h1 >> self.shift), _masks(h2)
         # One fancy-indexed OR costs a third of ``bitwise_or.at`` out of the caches, but of keys
         # sharing a word it keeps only the last one's bits: those short of theirs are set again.
-        # A reader meanwhile may miss only bits of keys being added, which no version it holds
-        # has yet (a version's keys are added before it is cached).
+        # A probe meanwhile may find a word without some of these keys' bits, never without
+        # bits set before this add (the caller adds a version's keys before serving it).
         self.bits[words] |= masks
         short = (self.bits[words] & masks) != masks
         if short.any():

@@ -87,7 +87,7 @@ class CachedBucket:
         found = np.zeros(len(fps), dtype=bool)
         for run in reversed(self.recent):
             found |= run.contains(fps, forget_at_or_below, presorted=True)
-            if found.all():  # behind the filter mostly re-sent keys are left, and the newest
+            if found.all():  # past the filter, most queries left are re-sends of recent keys
                 return found
         small = len(self.keys) < FILTER_FROM_KEYS or len(fps) < _PICK_OUT_FROM_QUERIES
         if small or not found.any():
