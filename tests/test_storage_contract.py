@@ -92,10 +92,8 @@ def test_a_listing_holds_the_files_directly_in_the_folder(location: Remote) -> N
     fs.write(fs.path("log", "deeper", "000002.manifest"), b"two")
     listed = fs.entries(fs.path("log"))
     assert list(listed) == ["000001.manifest"]
-    assert (listed["000001.manifest"].name, listed["000001.manifest"].size) == (
-        "000001.manifest",
-        3,
-    )
+    entry = listed["000001.manifest"]
+    assert (entry.name, entry.size) == ("000001.manifest", 3)
     assert fs.entries(fs.path("log", "000001.manifest", "not-a-folder")) == {}
 
 
