@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -477,15 +478,17 @@ class BucketManager:
     def _catch_up(self, bucket: int) -> _CatchUp:
         """A bucket's cached entry against the manifest."""
         assert self.manifest is not None
-        entry = self.cache.get(bucket) or CachedBucket(KeySet.empty(self.stamp_dtype))
+        entry = self.cache.get(bucket)
+        if entry is None:
+            entry = CachedBucket(KeySet.empty(self.stamp_dtype))
         segments = self.manifest.buckets.get(bucket, [])
-        live = frozenset(s.ident for s in segments)
+        # Every task catches up every bucket it looks up, against all of its segments (a dozen
+        # a bucket late in a day of hash buckets): set operations over the idents, not a loop.
+        live = frozenset(map(_ident, segments))
         stale = entry.segments - live
         fresh: list[Segment] = []
         noted: dict[Segment, KeySet] = {}
-        for segment in segments:
-            if segment.ident in entry.segments:
-                continue
+        for segment in _unheld(segments, live - entry.segments):
             written = self._noted(segment, entry.segments)
             if written is None:
                 fresh.append(segment)
@@ -551,6 +554,23 @@ class _CatchUp(NamedTuple):
     fresh: list[Segment]
     noted: dict[Segment, KeySet]
     stale: frozenset[tuple[str, int]]
+
+
+_ident = itemgetter(0, 1)  # a segment's (file, offset), as ``Segment.ident`` without its call
+
+
+def _unheld(segments: list[Segment], unheld: frozenset[tuple[str, int]]) -> list[Segment]:
+    """The segments whose idents are in ``unheld``, in the manifest's order. A commit appends
+    a window's segments, so they are looked for from the end."""
+    found: list[Segment] = []
+    if unheld:
+        for segment in reversed(segments):
+            if _ident(segment) in unheld:
+                found.append(segment)
+                if len(found) == len(unheld):
+                    break
+        found.reverse()
+    return found
 
 
 def _ascending(values: np.ndarray) -> bool:
