@@ -117,26 +117,32 @@ def add_window_files(nxt: Manifest, update: WindowUpdate) -> None:
 
 
 def apply_compaction(nxt: Manifest, update: WindowUpdate) -> None:
-    """A folded segment replaces the segments it folded; files left with none are dropped."""
+    """A folded segment replaces the segments it folded; files left with none are dropped.
+
+    Each file is replaced once, however many of its buckets were folded: a window folds
+    dozens of segments of the same few files, and a changed file's entry is packed again."""
+    folded_from: dict[str, set[int]] = {}
     for task in update.tasks:
         if task.written is None:
             continue
         for bucket, replaced in task.written.supersedes.items():
             folded = {tuple(ident) for ident in replaced}
             kept: list[Segment] = []
-            gone: list[Segment] = []
             for segment in nxt.buckets.get(bucket, []):
-                (gone if segment.ident in folded else kept).append(segment)
+                if segment.ident in folded:
+                    folded_from.setdefault(segment.file, set()).add(bucket)
+                else:
+                    kept.append(segment)
             nxt.buckets[bucket] = kept
-            for segment in gone:
-                _drop_bucket_of_file(nxt, segment.file, bucket)
+    for name, buckets in folded_from.items():
+        _drop_buckets_of_file(nxt, name, buckets)
 
 
-def _drop_bucket_of_file(nxt: Manifest, name: str, bucket: int) -> None:
+def _drop_buckets_of_file(nxt: Manifest, name: str, buckets: set[int]) -> None:
     wf = nxt.files.get(name)
     if wf is None:
         return
-    remaining = [b for b in wf.buckets if b != bucket]
+    remaining = [b for b in wf.buckets if b not in buckets]
     if remaining:
         nxt.files[name] = replace(wf, buckets=remaining)
     else:
