@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import fsspec
@@ -43,6 +44,7 @@ from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import DedupOptions
 from dedupsink.sink import compaction as compaction_module
+from dedupsink.sink import nextversion as nextversion_module
 from dedupsink.sink import settle as settle_module
 from dedupsink.sink import task as task_module
 from dedupsink.sink.commit import CommitReport, commit_window
@@ -743,6 +745,35 @@ def test_hash_bucket_folds_rewrite_a_key_a_logarithmic_number_of_times() -> None
             counts = [*sorted(counts)[len(fold) :], sum(fold)]
         assert len(counts) <= 20
     assert rewritten / sum(counts) < 5  # folding all but the 4 largest: 18
+
+
+def test_a_commit_replaces_folded_segments_and_drops_the_files_left_without_buckets() -> None:
+    """Two buckets folded in one window: the file holding only their segments leaves the index
+    (tombstoned once), and a file holding a third bucket keeps it."""
+    shared = [Segment("shared", 8 + 10 * bucket, 10, 1, 0) for bucket in range(3)]
+    only = [Segment("only", 8 + 10 * bucket, 10, 1, 0) for bucket in range(2)]
+    folds = [Segment("fold", 8 + 20 * bucket, 20, 2, 0) for bucket in range(2)]
+    manifest = Manifest(
+        version=3,
+        store_id="s",
+        settings={},
+        committed_ms=0,
+        files={
+            "shared": WindowFile("shared", 1, 0, 3, 38, [0, 1, 2]),
+            "only": WindowFile("only", 2, 0, 2, 28, [0, 1]),
+            "fold": WindowFile("fold", 3, 0, 4, 48, [0, 1]),
+        },
+        buckets={b: [shared[b], only[b], folds[b]] for b in range(2)} | {2: [shared[2]]},
+    )
+    supersedes = {b: [list(shared[b].ident), list(only[b].ident)] for b in range(2)}
+    written = compaction_module.WrittenKeys(None, {}, supersedes, 0)
+    tasks = [SimpleNamespace(written=None), SimpleNamespace(written=written)]
+    update = SimpleNamespace(tasks=tasks)
+    nextversion_module.apply_compaction(manifest, update)  # type: ignore[arg-type]
+    assert manifest.buckets == {0: [folds[0]], 1: [folds[1]], 2: [shared[2]]}
+    assert manifest.files["shared"].buckets == [2]
+    assert sorted(manifest.files) == ["fold", "shared"]
+    assert manifest.tombstones == [("only", 3)]
 
 
 def test_compaction_keeps_each_system_time_keys_window_time(tmp_path: Path) -> None:
