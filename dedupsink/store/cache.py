@@ -25,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
-from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -41,6 +40,7 @@ from dedupsink.store.format import (
     check_segment,
     decode_segment,
     group_by_bucket,
+    segment_ident,
 )
 from dedupsink.store.store import BucketStore
 
@@ -484,7 +484,7 @@ class BucketManager:
         segments = self.manifest.buckets.get(bucket, [])
         # Every task catches up every bucket it looks up, against all of its segments (a dozen
         # a bucket late in a day of hash buckets): set operations over the idents, not a loop.
-        live = frozenset(map(_ident, segments))
+        live = frozenset(map(segment_ident, segments))
         stale = entry.segments - live
         fresh: list[Segment] = []
         noted: dict[Segment, KeySet] = {}
@@ -556,16 +556,13 @@ class _CatchUp(NamedTuple):
     stale: frozenset[tuple[str, int]]
 
 
-_ident = itemgetter(0, 1)  # a segment's (file, offset), as ``Segment.ident`` without its call
-
-
 def _unheld(segments: list[Segment], unheld: frozenset[tuple[str, int]]) -> list[Segment]:
     """The segments whose idents are in ``unheld``, in the manifest's order. A commit appends
     a window's segments, so they are looked for from the end."""
     found: list[Segment] = []
     if unheld:
         for segment in reversed(segments):
-            if _ident(segment) in unheld:
+            if segment_ident(segment) in unheld:
                 found.append(segment)
                 if len(found) == len(unheld):
                     break
