@@ -18,6 +18,7 @@ compaction.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -33,6 +34,12 @@ SPARK_LOG_DIR = "_spark_metadata"
 COMPACT_INTERVAL = 10
 _BLOCK_SIZE = 128 * 1024 * 1024
 _URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides [A-Za-z0-9_.~-]
+# Per port log directory, the last compaction entry this process wrote or parsed whole, with
+# the CRC-32 of its bytes. The next compaction repeats every line of that one, and parsing them
+# again cost more than the rest of the entry (0.9 ms a port at 1,440 lines, growing with every
+# file the port ever logs): bytes that are still those are split, not parsed. Bytes that differ
+# are parsed, so damage is still refused, naming the line.
+_checked_compactions: dict[str, tuple[str, int]] = {}
 
 
 def is_compaction(log_id: int) -> bool:
@@ -91,13 +98,14 @@ class PortLog:
 
     def write(self, entry: LogEntry, publication: Publication) -> None:
         """Write ``entry`` once (a present entry is left as it is)."""
-        lines = self.lines(entry, publication)
+        path = self.entry_path(entry.log_id)
+        data = ("v1\n" + "\n".join(self.lines(entry, publication))).encode()
         try:
-            self.output.storage.create(
-                self.entry_path(entry.log_id), ("v1\n" + "\n".join(lines)).encode()
-            )
+            self.output.storage.create(path, data)
         except FileExistsError:
             return
+        if is_compaction(entry.log_id):
+            _remember_checked(path, data)
 
     def lines(self, entry: LogEntry, publication: Publication) -> list[str]:
         own = [
@@ -118,7 +126,7 @@ class PortLog:
         """Every file logged before a compaction entry: the previous compaction's lines, then
         the files logged since (recorded by the store, or read from their entries)."""
         previous = entry.log_id - COMPACT_INTERVAL
-        lines = [line for line, _ in self.read(previous)] if previous >= 0 else []
+        lines = self._compaction_lines(previous) if previous >= 0 else []
         if entry.earlier is None:
             for log_id in range(max(previous + 1, 0), entry.log_id):
                 lines.extend(line for line, _ in self.read(log_id))
@@ -137,13 +145,24 @@ class PortLog:
     def read(self, log_id: int) -> list[tuple[str, dict[str, Any]]]:
         """The lines of one entry with their file statuses, checked for damage."""
         path = self.entry_path(log_id)
+        return parse_entry(_decoded(self._bytes(path), path), path)
+
+    def _compaction_lines(self, log_id: int) -> list[str]:
+        """The lines of a compaction entry, checked for damage: parsed, unless its bytes are
+        those this process last wrote or parsed for the port (``_checked_compactions``)."""
+        path = self.entry_path(log_id)
+        data = self._bytes(path)
+        if _checked_compactions.get(_log_dir(path)) == (path, zlib.crc32(data)):
+            return [line for line in data.decode().split("\n")[1:] if line.strip()]
+        lines = [line for line, _ in parse_entry(_decoded(data, path), path)]
+        _remember_checked(path, data)
+        return lines
+
+    def _bytes(self, path: str) -> bytes:
         try:
-            text = self.output.storage.read(path).decode()
+            return self.output.storage.read(path)
         except FileNotFoundError as exc:
             raise StoreCorruptError(path, "Spark's sink log entry is missing") from exc
-        except UnicodeDecodeError as exc:
-            raise StoreCorruptError(path, f"Spark's sink log entry is not text: {exc}") from exc
-        return parse_entry(text, path)
 
     def matches(self, entry: LogEntry, publication: Publication) -> bool:
         """Whether the entry on disk is intact and lists exactly what ``entry`` plans."""
@@ -158,6 +177,21 @@ class PortLog:
         """Replace entry ``log_id`` (damaged or missing) with the one its plan gives."""
         self.output.storage.delete([self.entry_path(entry.log_id)])
         self.write(entry, publication)
+
+
+def _decoded(data: bytes, path: str) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise StoreCorruptError(path, f"Spark's sink log entry is not text: {exc}") from exc
+
+
+def _log_dir(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def _remember_checked(path: str, data: bytes) -> None:
+    _checked_compactions[_log_dir(path)] = (path, zlib.crc32(data))
 
 
 def parse_entry(text: str, path: str) -> list[tuple[str, dict[str, Any]]]:
