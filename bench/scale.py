@@ -554,11 +554,10 @@ def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> fl
     # in three runs of the same code it took 14.0 to 18.8 ms at 2,000 rows on the disk while
     # window 1,440 took 21.7 to 22.0. The day's start is run again in fresh processes after
     # the day, and the ratio uses the median of all its measurements.
-    early = median([sink_time[first], *starts])
-    shown = ", ".join(f"{value * 1000:.1f}" for value in starts)
-    print(
-        f"window {first:,} again in {len(starts)} fresh processes after the day: {shown} ms; "
-        f"median with this day's: {early * 1000:.1f} ms"
+    early = repeated(
+        sink_time[first],
+        starts,
+        f"window {first:,} again in {len(starts)} fresh processes after the day",
     )
     growth = sink_time[last] / early
     print(f"time per row, window {last:,} / window {first:,} (median of the starts): {growth:.3f}")
@@ -568,11 +567,11 @@ def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> fl
     # A single measurement of the day's end (11 windows, a quarter of a second at 2,000 rows)
     # is as exposed to the host's slow spells as window 10 was: the end is measured again
     # after each of window 10's repeats, in turn with them, and the ratio is of the medians.
-    late = median([sink_time[last], *ends])
-    shown = ", ".join(f"{value * 1000:.1f}" for value in ends)
-    print(
+    late = repeated(
+        sink_time[last],
+        ends,
         f"window {last:,} again, {2 * reach + 1} more windows of the day's last minute after "
-        f"each of those: {shown} ms; median with this day's: {late * 1000:.1f} ms"
+        "each of those",
     )
     growth = late / early
     print(
@@ -580,6 +579,15 @@ def report_day(result: dict[str, Any], checkpoints: list[int], reach: int) -> fl
         f"in turn): {growth:.3f}"
     )
     return growth
+
+
+def repeated(day: float, repeats: list[float], what: str) -> float:
+    """Print a window's measurements repeated after the day; returns their median with the
+    day's own."""
+    value = median([day, *repeats])
+    shown = ", ".join(f"{repeat * 1000:.1f}" for repeat in repeats)
+    print(f"{what}: {shown} ms; median with this day's: {value * 1000:.1f} ms")
+    return value
 
 
 def per_size(results: list[dict[str, Any]], growths: list[float]) -> str:
