@@ -51,6 +51,7 @@ from dedupsink.sink import settle as settle_module
 from dedupsink.sink.output import Output
 from dedupsink.sink.plan import TaskIdentity
 from dedupsink.sink.repair import repair
+from dedupsink.sink.sparklog import parse_entry, status_line
 from dedupsink.sink.task import run_task
 from dedupsink.store.store import GARBAGE_EVERY, KEEP_MANIFESTS, BucketStore
 
@@ -433,6 +434,16 @@ def test_damaged_delta_entry_is_superseded_by_the_next_compaction(
     for batch in range(5, WINDOWS):  # log id 9 is the first compaction
         sink.window(batch, INPUTS[batch], PARTITIONS)
     assert_complete(out)
+
+
+def test_a_damaged_sink_log_line_is_named_by_its_number_in_the_entry() -> None:
+    """The header is line 1 and blank lines count, as in an editor."""
+    good = status_line("file:///out/unique/part-0.parquet", 10, 1_700_000_000_000)
+    assert [line for line, _ in parse_entry(f"v1\n{good}\n\n{good}", "entry")] == [good, good]
+    with pytest.raises(StoreCorruptError, match=re.escape("line 4 is not a file status: '{bad'")):
+        parse_entry(f"v1\n{good}\n\n{{bad", "entry")
+    with pytest.raises(StoreCorruptError, match="does not start with 'v1'"):
+        parse_entry(f"v2\n{good}", "entry")
 
 
 def test_damaged_compaction_entry_is_refused_at_the_next_compaction_naming_it(

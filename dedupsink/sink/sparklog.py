@@ -152,10 +152,11 @@ class PortLog:
         those this process last wrote or parsed for the port (``_checked_compactions``)."""
         path = self.entry_path(log_id)
         data = self._bytes(path)
-        if _checked_compactions.get(_log_dir(path)) == (path, zlib.crc32(data)):
-            return [line for line in data.decode().split("\n")[1:] if line.strip()]
+        checked = (path, zlib.crc32(data))
+        if _checked_compactions.get(_log_dir(path)) == checked:
+            return _status_lines(data.decode())
         lines = [line for line, _ in parse_entry(_decoded(data, path), path)]
-        _remember_checked(path, data)
+        _checked_compactions[_log_dir(path)] = checked
         return lines
 
     def _bytes(self, path: str) -> bytes:
@@ -194,31 +195,38 @@ def _remember_checked(path: str, data: bytes) -> None:
     _checked_compactions[_log_dir(path)] = (path, zlib.crc32(data))
 
 
+def _status_lines(text: str) -> list[str]:
+    """An entry's file-status lines: those after its ``v1`` header that are not blank."""
+    return [line for line in text.split("\n")[1:] if line.strip()]
+
+
 def parse_entry(text: str, path: str) -> list[tuple[str, dict[str, Any]]]:
-    lines = text.split("\n")
-    if lines[0] != "v1":
+    if text.partition("\n")[0] != "v1":
         raise StoreCorruptError(path, "Spark's sink log entry does not start with 'v1'")
-    numbered = [(number, line) for number, line in enumerate(lines[1:], 2) if line.strip()]
+    lines = _status_lines(text)
     # One parse of all lines (a compaction holds every file the port ever logged); the
     # line-by-line parse below runs only to name a damaged line.
     try:
-        statuses = json.loads("[" + ",".join(line for _, line in numbered) + "]")
+        statuses = json.loads("[" + ",".join(lines) + "]")
     except ValueError:
         statuses = None
     if (
         isinstance(statuses, list)
-        and len(statuses) == len(numbered)
+        and len(statuses) == len(lines)
         and all(_is_file_status(status) for status in statuses)
     ):
-        return [(line, status) for (_, line), status in zip(numbered, statuses, strict=True)]
-    for number, line in numbered:
-        try:
-            status = json.loads(line)
-        except ValueError:
-            status = None
-        if not _is_file_status(status):
+        return list(zip(lines, statuses, strict=True))
+    for number, line in enumerate(text.split("\n")[1:], 2):
+        if line.strip() and not _is_file_status(_loads_or_none(line)):
             raise StoreCorruptError(path, f"line {number} is not a file status: {line[:200]!r}")
     raise StoreCorruptError(path, "Spark's sink log entry does not parse line by line")
+
+
+def _loads_or_none(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def logged_names(statuses: Iterable[dict[str, Any]]) -> list[str]:
