@@ -245,7 +245,7 @@ def run_day(
         )
     manifest = plan.store.read()
     assert manifest is not None
-    extra = (end_windows * end_repeats) * (rows_per_batch - day.resends)
+    all_windows = ran + sum(len(end) for end in ends)
     return {
         "rows_per_batch": rows_per_batch,
         "windows": ran,
@@ -258,8 +258,8 @@ def run_day(
         "peak_rss": vm_hwm(),
         "totals": manifest.totals,
         "expected": {
-            "unique": ran * (rows_per_batch - day.resends) + extra,
-            "duplicate": (ran + end_windows * end_repeats) * day.resends,
+            "unique": all_windows * (rows_per_batch - day.resends),
+            "duplicate": all_windows * day.resends,
             "expired": 0,
             "error": 0,
         },
