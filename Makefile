@@ -1,8 +1,10 @@
-# dedupsink — every target sets itself up: a fresh clone needs only Python 3.11, Java 17 and make.
+# dedupsink — every target sets itself up: a fresh clone needs only Python 3.11, Java 17 and make
+# (and npm for the test targets, which install the tests' Azure emulator).
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+AZURITE_STAMP := $(VENV)/azurite/.installed
 # Microsoft's Azure Blob emulator, for the tests
 AZURITE_VERSION := 3.37.0
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -20,11 +22,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,hdfs,test]' --config-settings editable_mode=compat
 	$(PY) tools/precompile_pyspark.py  # bytecode in PySpark's archive, as Spark's workers import it
-	@command -v npm >/dev/null 2>&1 || { echo "npm is needed for the tests' Azure emulator"; exit 2; }
-	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@$(AZURITE_VERSION)
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install dedupsink with its dev tools
+# Only the tests use the emulator: `make run` works without npm.
+$(AZURITE_STAMP): | $(STAMP)
+	@command -v npm >/dev/null 2>&1 || { echo "npm is needed for the tests' Azure emulator"; exit 2; }
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@$(AZURITE_VERSION)
+	@touch $(AZURITE_STAMP)
+
+install: $(STAMP) $(AZURITE_STAMP) ## Create .venv and install dedupsink with its dev tools and the tests' emulator
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check dedupsink tests bench tools pyspark_dedup.py
@@ -35,16 +41,16 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix dedupsink tests bench tools pyspark_dedup.py
 	$(VENV)/bin/ruff format dedupsink tests bench tools pyspark_dedup.py
 
-test: $(STAMP) ## The whole suite, Spark and cluster tests included (under 15 minutes)
+test: $(AZURITE_STAMP) ## Everything but the slow tests, Spark and cluster tests included (under 15 minutes)
 	$(PY) -m pytest -q -m "not slow"
 
 test-fast: $(STAMP) ## Unit tests only: engine, store, cache, options (no Spark)
 	$(PY) -m pytest -q -m "not spark and not cluster and not slow"
 
-test-slow: $(STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
+test-slow: $(AZURITE_STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
 	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no slow test collected
 
-test-all: $(STAMP) ## Everything, the slow tests too
+test-all: $(AZURITE_STAMP) ## Everything, the slow tests too
 	$(PY) -m pytest -q
 
 run: $(STAMP) ## Run the demo job (log dedup with 24 h tuple-time expiry) on the shipped sample data
