@@ -193,6 +193,34 @@ def bool_text(value: bool) -> str:
     return "true" if value else "false"
 
 
+def human_duration(micros: float) -> str:
+    """``86400000000`` -> ``'24 hours'``: a duration as an option value, the largest unit that
+    divides it exactly (what ``inspect`` and a refused settings change show)."""
+    whole = round(micros)
+    hour = MICROS_PER_UNIT["hour"]
+    if 0 < whole <= 2 * MICROS_PER_DAY and whole % hour == 0:
+        hours = whole // hour
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    for name, size in MICROS_PER_UNIT.items():
+        if whole and whole % size == 0:
+            amount = whole // size
+            return f"{amount} {name}{'s' if amount != 1 else ''}"
+    return f"{whole} microseconds"
+
+
+def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
+    """A period or bucket span in the expiry key's domain, for people."""
+    if value is None:
+        return "-"
+    if settings.get("mode") in ("tupleTime", "systemTime"):
+        return human_duration(value)
+    return number_text(value)
+
+
+def number_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:
     for choice in choices:
         if choice.lower() == text.strip().lower():

@@ -149,10 +149,13 @@ def existing_store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.mark.parametrize(
     ("changed", "named"),
     [
-        ({"expiryPeriod": "20"}, "option expiryPeriod=20"),
-        ({"keys": "id,name"}, "option keys=['id', 'name']"),
-        ({"expiryKey": None, "expiryPeriod": None}, "option expiryMode='basic'"),
-        ({"bucketSpan": "2"}, "option bucketSpan=2"),
+        ({"expiryPeriod": "20"}, "option expiryPeriod='20' is invalid: expected 10, the value"),
+        ({"keys": "id,name"}, "option keys='id,name' is invalid: expected id, the value"),
+        (
+            {"expiryKey": None, "expiryPeriod": None},
+            "option expiryMode='none (Basic Dedup: no expiryKey)' is invalid: expected ordered",
+        ),
+        ({"bucketSpan": "2"}, "option bucketSpan='2' is invalid: expected 1, the value"),
         ({"assumeSameExpiry": "false"}, "option assumeSameExpiry='false'"),
     ],
     ids=["period", "keys", "mode", "bucket-span", "assume-same-expiry"],
@@ -185,6 +188,20 @@ def test_another_store_for_ports_that_hold_windows_fails_before_writing(
     assert "hold windows this store never committed" in message
     assert output_listing(output) == before
     assert not other_store.exists()
+
+
+def test_a_second_output_sharing_a_store_fails_before_writing(
+    spark: Any, existing_store: Path
+) -> None:
+    """The store numbers its windows and its ports' log entries for the output it published to;
+    a new path given the same storePath is refused at the start, not at its first commit."""
+    output, store = existing_store / "second-out", existing_store / "out" / "_store"
+    before = output_listing(store)
+    options = {"path": str(output), **ORIGINAL, "storePath": str(store)}
+    message = failure_of(spark, existing_store, options, f"chk-{uuid.uuid4().hex}")
+    assert "option storePath=" in message and "was published to another output" in message
+    assert output_listing(store) == before
+    assert not output.exists() or not any(output.rglob("*.parquet"))
 
 
 def test_option_names_are_case_insensitive(spark: Any, workdir: Path, stream_input: Path) -> None:

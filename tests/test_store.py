@@ -264,6 +264,29 @@ def test_changed_key_type_is_refused(root: str) -> None:
     assert "id: int64 -> string" in str(caught.value)
 
 
+def test_a_changed_time_period_is_named_as_people_write_it(root: str) -> None:
+    """Periods and spans appear as option values (``48 hours``), not the store's microseconds;
+    a missing expiry key as Basic Dedup, not an internal mode name."""
+    schema = pa.schema([("id", pa.int64()), ("t", pa.timestamp("us", tz="UTC"))])
+
+    def opened(**raw: str) -> None:
+        options = DedupOptions.parse({"path": root, "keys": "id", **raw})
+        plan = SinkPlan(options, resolve(options, schema), schema, RUN)
+        plan.store.open(plan.settings)
+
+    opened(expiryKey="t", expiryPeriod="24 hours")
+    with pytest.raises(StoreSettingsError) as caught:
+        opened(expiryKey="t", expiryPeriod="2 days")
+    assert "option expiryPeriod='48 hours' is invalid: expected 24 hours, the value" in str(
+        caught.value
+    )
+    with pytest.raises(StoreSettingsError) as caught:
+        opened()
+    assert "expiryMode='none (Basic Dedup: no expiryKey)' is invalid: expected tupleTime" in str(
+        caught.value
+    )
+
+
 def test_max_expiry_jump_may_change_on_reopen(root: str) -> None:
     plan = make_plan(root)
     plan.store.open(plan.settings)
@@ -910,6 +933,28 @@ def test_rerun_of_a_committed_batch_changes_nothing(root: str) -> None:
     assert plan.store.read() == before
 
 
+def test_a_stream_s_rerun_is_recognised_after_more_batch_writes_than_the_queries_kept(
+    root: str,
+) -> None:
+    """Batch writes are never re-run: however many follow, a stopped stream's last batch stays
+    recorded, and its re-run at the stream's restart changes nothing."""
+    plan = make_plan(root)
+    run_window(plan, 7, [rows([1, 2], [1, 2])])  # committed; the stream's checkpoint lacks it
+    for write in range(nextversion_module.KEEP_QUERIES + 1):
+        summary = run_task(
+            plan, TaskIdentity(f"batch-{write}", RUN, 0, 0, 0), iter([rows([9], [3])])
+        )
+        assert commit_window(plan, [summary], 0) is not None
+    queries = plan.store.read().queries
+    assert queries.get(QUERY) == 7 and [q for q in queries if q.startswith("batch-")] == [
+        f"batch-{nextversion_module.KEEP_QUERIES}"
+    ]
+    summaries = run_tasks(plan, 7, [[rows([1, 2], [1, 2])]])
+    assert summaries[0].skipped
+    report = commit_window(plan, summaries, 7)
+    assert report is not None and report.already_committed
+
+
 # -- crash injection (local disk through faultfs) -----------------------------------------
 
 
@@ -936,8 +981,16 @@ def port_rows(root: Path) -> dict[str, list[int]]:
 # -- keys found new by two partitions of one window ---------------------------------------------
 
 
-def attempt(plan: SinkPlan, partition: int, number: int, batch: pa.RecordBatch) -> TaskSummary:
-    return run_task(plan, TaskIdentity(QUERY, RUN, 0, partition, number), iter([batch]))
+def attempt(
+    plan: SinkPlan, partition: int, number: int, batch: pa.RecordBatch, run: str = RUN
+) -> TaskSummary:
+    return run_task(plan, TaskIdentity(QUERY, run, 0, partition, number), iter([batch]))
+
+
+def keys_file_of(summary: TaskSummary) -> str:
+    """The name of the keys file a task staged, as another task's settlement records it."""
+    assert summary.settlement.keys_file is not None
+    return summary.settlement.keys_file.rpartition("/")[2]
 
 
 def staged_files(summary: TaskSummary) -> list[tuple[str, str, int]]:
@@ -950,7 +1003,7 @@ def test_the_higher_partition_yields_the_keys_a_lower_one_staged(tmp_path: Path)
     later = attempt(plan, 1, 0, rows([9, 3, 8, 1, 3], [1, 1, 1, 1, 1]))
     # keys 1 and 3; the second 3 is a duplicate
     assert (first.settlement.yielded, later.settlement.yielded) == (0, 2)
-    assert later.settlement.complete and later.settlement.saw == {(0, 0)}
+    assert later.settlement.complete and later.settlement.saw == {keys_file_of(first)}
     assert later.counts == counts(unique=2, duplicate=3)
     before = staged_files(later)
     report = commit_window(plan, [first, later], 0)
@@ -1001,11 +1054,11 @@ def test_a_task_that_yielded_to_a_failed_attempt_is_checked_against_its_retry(
     tmp_path: Path,
 ) -> None:
     plan = make_plan(str(tmp_path / "out"))
-    attempt(plan, 0, 0, rows([1, 2, 3], [1, 1, 1]))  # fails after staging its keys
+    failed = attempt(plan, 0, 0, rows([1, 2, 3], [1, 1, 1]))  # fails after staging its keys
     other = attempt(plan, 1, 0, rows([3, 1, 7], [1, 1, 1]))
     retry = attempt(plan, 0, 1, rows([1, 2, 3], [1, 1, 1]))
     assert (retry.settlement.yielded, other.settlement.yielded) == (0, 2)
-    assert other.settlement.saw == {(0, 0)}
+    assert other.settlement.saw == {keys_file_of(failed)}
     report = commit_window(plan, [retry, other], 0)
     assert report is not None
     assert report.cross_partition_duplicates == 2
@@ -1030,6 +1083,41 @@ def test_a_key_yielded_to_a_failed_attempt_that_the_retry_lacks_is_promoted_back
     assert port_rows(tmp_path / "out")["unique"] == [1, 2, 5, 6]
     again = run_window(plan, 1, [rows([5], [1])])  # the promoted key is remembered
     assert again.counts == counts(duplicate=1)
+
+
+def test_a_key_yielded_to_a_failed_attempt_of_the_same_number_is_promoted_back(
+    tmp_path: Path,
+) -> None:
+    """A stage that Spark runs again counts its tasks' attempts from 0 again: the commit tells
+    the keys a task read from its final lower partition's by their file, not their numbers."""
+    plan = make_plan(str(tmp_path / "out"))
+    attempt(plan, 0, 0, rows([1, 5], [1, 1]))  # the first stage attempt's, then lost
+    other = attempt(plan, 1, 0, rows([5, 6], [1, 1]))
+    again = attempt(plan, 0, 0, rows([1, 2], [1, 1]))
+    assert other.settlement.yielded == 1 and other.settlement.saw != {keys_file_of(again)}
+    report = commit_window(plan, [again, other], 0)
+    assert report is not None and report.counts == counts(unique=4)
+    assert port_rows(tmp_path / "out")["unique"] == [1, 2, 5, 6]
+    assert run_window(plan, 1, [rows([5], [1])]).counts == counts(duplicate=1)
+
+
+def test_a_restarted_query_settles_its_batch_without_the_keys_the_dead_run_staged(
+    tmp_path: Path,
+) -> None:
+    """The dead run's tasks saw the batch's rows partitioned otherwise (a source whose splits
+    follow the cluster's size): its staged keys must not decide who keeps a key."""
+    plan = make_plan(str(tmp_path / "out"))
+    attempt(plan, 0, 0, rows([7], [1]), run="dead")  # the driver dies before the commit
+    attempt(plan, 1, 0, rows([8], [1]), run="dead")
+    lower = attempt(plan, 0, 0, rows([8], [1]), run="restarted")
+    higher = attempt(plan, 1, 0, rows([7], [1]), run="restarted")
+    assert higher.settlement.saw == {keys_file_of(lower)} and higher.settlement.yielded == 0
+    report = commit_window(plan, [lower, higher], 0)
+    assert report is not None and report.counts == counts(unique=2)
+    assert port_rows(tmp_path / "out")["unique"] == [7, 8]
+    assert not (tmp_path / "out" / "_staging").exists() or not any(
+        (tmp_path / "out" / "_staging").rglob("*restarted*")
+    )
 
 
 def test_a_task_settles_every_chunk_rewriting_its_own_earlier_unique_rows(

@@ -6,9 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dedupsink.options import MICROS_PER_DAY, MICROS_PER_UNIT
-
-TIME_MODES = ("tupleTime", "systemTime")
+from dedupsink.options import MICROS_PER_DAY, number_text
 
 
 def human_bytes(count: int) -> str:
@@ -18,33 +16,6 @@ def human_bytes(count: int) -> str:
             return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{count} B"
-
-
-def human_duration(micros: float) -> str:
-    """``86400000000`` -> ``'1 day'``; the largest unit that divides the value exactly."""
-    whole = round(micros)
-    hour = MICROS_PER_UNIT["hour"]
-    if 0 < whole <= 2 * MICROS_PER_DAY and whole % hour == 0:
-        hours = whole // hour
-        return f"{hours} hour{'s' if hours != 1 else ''}"
-    for name, size in MICROS_PER_UNIT.items():
-        if whole and whole % size == 0:
-            amount = whole // size
-            return f"{amount} {name}{'s' if amount != 1 else ''}"
-    return f"{whole} microseconds"
-
-
-def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
-    """A period or bucket span in the expiry key's domain, for people."""
-    if value is None:
-        return "-"
-    if settings.get("mode") in TIME_MODES:
-        return human_duration(value)
-    return number_text(value)
-
-
-def number_text(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def utc_text(micros: float, zone: bool = True) -> str:

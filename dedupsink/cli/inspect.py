@@ -13,11 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dedupsink.cli.config import resolve_path
-from dedupsink.cli.display import human_bytes, human_span, point_text, table, utc_text
+from dedupsink.cli.display import human_bytes, point_text, table, utc_text
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES
-from dedupsink.options import ASSUME_SAME_EXPIRY, STORE_DIRNAME_DEFAULT, bool_text, join_url
+from dedupsink.options import (
+    ASSUME_SAME_EXPIRY,
+    STORE_DIRNAME_DEFAULT,
+    bool_text,
+    human_span,
+    join_url,
+)
 from dedupsink.sink.output import Output
 from dedupsink.sink.sparklog import PortLog
 from dedupsink.store.format import Manifest

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from dedupsink.engine.classify import PORTS
 from dedupsink.sink.compaction import WrittenKeys
 from dedupsink.sink.output import PortFile
-from dedupsink.sink.plan import SinkPlan
+from dedupsink.sink.plan import BATCH_WRITE_PREFIX, SinkPlan
 from dedupsink.sink.sparklog import is_compaction
 from dedupsink.sink.task import TaskSummary
 from dedupsink.store.format import Manifest, PortState, Segment
@@ -80,10 +80,18 @@ def set_owner(nxt: Manifest, update: WindowUpdate) -> None:
 
 
 def record_batch(nxt: Manifest, update: WindowUpdate) -> None:
-    """Remember this (query, batch), so a re-run of the batch is recognised and discarded."""
-    recent = {q: b for q, b in update.base.queries.items() if q != update.writer.query}
-    recent[update.writer.query] = update.batch_id
-    nxt.queries = dict(list(recent.items())[-KEEP_QUERIES:])
+    """Remember this (query, batch), so a re-run of the batch is recognised and discarded.
+
+    Of batch writes only the one committing is kept: Spark never runs a batch write again once
+    committed, and a backfill of many writes would otherwise push a stopped stream's last batch
+    out of the list, and that batch, re-run at the stream's restart, would be committed twice."""
+    writer = update.writer.query
+    streams = [
+        (query, batch)
+        for query, batch in update.base.queries.items()
+        if query != writer and not query.startswith(BATCH_WRITE_PREFIX)
+    ]
+    nxt.queries = {**dict(streams[-(KEEP_QUERIES - 1) :]), writer: update.batch_id}
 
 
 def forget_deleted_tombstones(nxt: Manifest, update: WindowUpdate) -> None:

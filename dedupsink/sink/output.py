@@ -1,12 +1,13 @@
 """The four output ports on any supported filesystem: staged files and their publication.
 
-Tasks write each port's rows as Parquet under ``<path>/_staging/<query>-<batch>/`` (a ``_``
-folder, which Spark and pyarrow both skip), one flat folder per window. A committed window is
-*published* from its ``Publication`` record: every staged file made readable under its final
-name in ``<path>/<port>/`` (``Storage.publish``: a rename, or a server-side copy on object
-stores), then one Spark sink-log entry per port, so ``spark.read.parquet(port)`` sees whole
-windows only and ``pyarrow.dataset`` never sees a staged file. Publication is idempotent and
-deterministic: it can be redone after a crash, or by two processes at once.
+Tasks write each port's rows as Parquet under
+``<path>/_staging/w<version>-<query>-<batch>-<run>/`` (a ``_`` folder, which Spark and pyarrow
+both skip), one flat folder per window. A committed window is *published* from its
+``Publication`` record: every staged file made readable under its final name in
+``<path>/<port>/`` (``Storage.publish``: a rename, or a server-side copy on object stores), then
+one Spark sink-log entry per port, so ``spark.read.parquet(port)`` sees whole windows only and
+``pyarrow.dataset`` never sees a staged file. Publication is idempotent and deterministic: it
+can be redone after a crash, or by two processes at once.
 """
 
 from __future__ import annotations
@@ -205,10 +206,12 @@ class PortWriters:
         self._open.clear()
 
 
-def staging_folder(window: int, query_id: str, batch_id: int) -> str:
+def staging_folder(window: int, query_id: str, batch_id: int, run: str) -> str:
     """A window's staging folder, relative to the output root: ``_staging/w<window>-<query>-
-    <batch>`` (the window is the version its tasks' commit would create)."""
-    return f"{STAGING_DIR}/w{window:010d}-{query_id}-{batch_id}"
+    <batch>-<run>`` (the window is the version its tasks' commit would create). A restarted
+    query runs the batch again in a folder of its own: tasks settle with the keys staged in
+    their folder, and a dead run's keys, of rows partitioned otherwise, must not be among them."""
+    return f"{STAGING_DIR}/w{window:010d}-{query_id}-{batch_id}-{run}"
 
 
 def staging_window(name: str) -> int:

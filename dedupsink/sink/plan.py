@@ -18,6 +18,7 @@ from dedupsink.errors import DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
 from dedupsink.sink.output import Output, absolute_url
 from dedupsink.store.ownership import Writer
+from dedupsink.store.records import Publication
 from dedupsink.store.store import BucketStore
 
 BATCH_WRITE_PREFIX = "batch-"
@@ -62,11 +63,6 @@ class TaskIdentity:
     batch_id: int
     partition: int
     attempt: int
-
-    @property
-    def token(self) -> str:
-        """Names the window's staging folder: one per (query, batch), whatever the run."""
-        return f"{self.query_id}-{self.batch_id}"
 
 
 Checks = Literal["always", "once", "never"]
@@ -114,5 +110,25 @@ def check_store(plan: SinkPlan, once: bool = False) -> None:
             f"the store the ports under {options.path} were written with; they hold windows "
             "this store never committed (write to a new path, or remove the ports too)",
         )
+    if existing is not None and _published_elsewhere(output, existing.publication):
+        raise DedupOptionError(
+            STORE_PATH,
+            options.store_path,
+            f"a store for this output alone: version {existing.version} of this store was "
+            f"published to another output (none of its files are under {options.path}), and a "
+            "store numbers its windows for the ports of one output",
+        )
     store.open(plan.settings)
     _checked.add(key)
+
+
+def _published_elsewhere(output: Output, publication: Publication | None) -> bool:
+    """Whether a store's latest publication belongs to another output: not complete here, and
+    no file of it here, staged or in place (after a crash it is finished from the staged files)."""
+    if publication is None or not publication.moves or output.is_published(publication):
+        return False
+    return not any(
+        output.storage.exists(output.path(move.staged))
+        or output.storage.exists(output.path(move.target))
+        for move in publication.moves
+    )

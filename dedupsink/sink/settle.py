@@ -176,7 +176,7 @@ class Settlement:
 
     keys_file: str | None = None  # staged keys: of the unique rows, then of the yielded ones
     yielded: int = 0  # unique rows given up to a lower partition: the duplicate file's last rows
-    saw: frozenset[tuple[int, int]] = frozenset()  # (partition, attempt) of the keys it read
+    saw: frozenset[str] = frozenset()  # the names of the lower partitions' keys files it read
     complete: bool = False  # it read the keys of every lower partition
     superseded: list[str] = field(default_factory=list)  # staged files it replaced
 
@@ -343,7 +343,7 @@ def settle_in_task(
     if 0 < partition <= SETTLE_WITH_AT_MOST and len(keys):
         wait = max(SETTLE_WAIT_SECONDS, time.monotonic() - waited_since)
         lower, settlement.complete = lower_keys(output, folder, partition, stamp_dtype, wait)
-        settlement.saw = frozenset((s.partition, s.attempt) for s in lower)
+        settlement.saw = frozenset(s.name for s in lower)
         yielded = _yielded_to(output, folder, lower, mine)
     else:
         settlement.complete = partition == 0 or not len(keys)
@@ -399,17 +399,31 @@ def _per_file(marks: np.ndarray, files: list[PortFile]) -> list[np.ndarray]:
 
 
 def settled_in_tasks(holders: list[Holder]) -> bool:
-    """Whether every task settled with the final attempt of every lower partition."""
-    finals = {h.partition: h.attempt for h in holders}
+    """Whether every task settled with the keys the final attempt of every lower partition
+    staged. Files are told apart by name, not by partition and attempt: a failed attempt of a
+    re-run stage counts its attempts from 0 again, as another run of the batch does."""
+    staged = {h.partition: _keys_files(h.settlement) for h in holders}
     for holder in holders:
         if holder.unique + holder.settlement.yielded == 0:
             continue  # no new keys: nothing it could have shared
-        lower = {(p, a) for p, a in finals.items() if p < holder.partition}
-        if not holder.settlement.complete or not lower <= holder.settlement.saw:
+        if not holder.settlement.complete:
             return False
-        if holder.settlement.saw - lower:  # it read an attempt that then failed
+        lower = [names for partition, names in staged.items() if partition < holder.partition]
+        read = holder.settlement.saw
+        if not all(names & read for names in lower):
+            return False
+        if read - frozenset().union(*lower):  # it read keys that no final attempt staged
             return False
     return True
+
+
+def _keys_files(settlement: Settlement) -> frozenset[str]:
+    """The names of the keys files a task staged: its last, and those it replaced (which held
+    the same keys in another order)."""
+    staged = [settlement.keys_file, *settlement.superseded]
+    return frozenset(
+        path.rpartition("/")[2] for path in staged if path and path.endswith(KEYS_SUFFIX)
+    )
 
 
 @dataclass

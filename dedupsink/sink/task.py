@@ -66,7 +66,9 @@ class TaskSummary:
     def folder(self) -> str:
         """The window's staging folder (relative to the output root)."""
         identity = self.identity
-        return staging_folder(self.base_version + 1, identity.query_id, identity.batch_id)
+        return staging_folder(
+            self.base_version + 1, identity.query_id, identity.batch_id, identity.run
+        )
 
 
 def coalesce(

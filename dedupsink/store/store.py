@@ -36,6 +36,7 @@ from dedupsink.options import (
     NUM_BUCKETS,
     STORE_PATH,
     bool_text,
+    human_span,
 )
 from dedupsink.options import (
     STORE_DIRNAME_DEFAULT as STORE_DIRNAME,
@@ -440,7 +441,7 @@ def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -
                     "its keys by time bucket with true and by key hash with false)",
                 )
             raise StoreSettingsError(
-                option, wanted.get(name), _changed(name, recorded, wanted, url)
+                option, _setting_text(name, wanted), _changed(name, recorded, wanted, url)
             )
     if recorded.get("mode") is None:
         raise StoreError(f"store {url} has no recorded settings")
@@ -464,4 +465,17 @@ def _changed(name: str, recorded: dict[str, Any], wanted: dict[str, Any], url: s
             f"the column type the store at {url} was created with "
             f"(changed: {column}: {recorded.get(name)} -> {wanted.get(name)})"
         )
-    return f"{recorded.get(name)!r}, the value the store at {url} was created with"
+    return f"{_setting_text(name, recorded)}, the value the store at {url} was created with"
+
+
+def _setting_text(name: str, settings: dict[str, Any]) -> object:
+    """A recorded setting as the option's value is written: periods and spans in the expiry
+    key's domain (``24 hours``, not microseconds), Basic Dedup as the absence of an expiry key."""
+    value = settings.get(name)
+    if name in ("period", "span"):
+        return human_span(value, settings)
+    if name == "mode" and value == "basic":
+        return "none (Basic Dedup: no expiryKey)"
+    if name == "keys":
+        return ",".join(value or [])
+    return value
