@@ -218,6 +218,7 @@ def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
 
 
 def number_text(value: float) -> str:
+    """``3.0`` -> ``'3'``, ``0.5`` -> ``'0.5'``: a number as an option value."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 

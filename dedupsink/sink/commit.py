@@ -42,6 +42,10 @@ log = logging.getLogger("dedupsink")
 # published), so a commit need not ask the filesystem about the version it published itself a
 # window ago.
 _published: set[tuple[str, str, int]] = set()
+# Query runs that have swept the staging folders of earlier runs, by output. A run stages in
+# folders of its own, so what a run killed before its commit staged for a window is left to the
+# first commit of the next run (or to the garbage collection every 16 versions).
+_swept: set[tuple[str, str]] = set()
 
 
 @dataclass
@@ -110,7 +114,7 @@ def commit_window(
     if nxt.version % GARBAGE_EVERY:  # else the garbage collection sweeps it with the rest
         staged = staged_files(holders, moves) + [f.path for f in schema_files]
         output.discard_staging(done[0].folder, staged)
-    _collect_garbage(store, output, nxt)
+    _collect_garbage(store, output, nxt, writer.run)
     report = _report(plan, nxt, done, writer, batch_id)
     log.info(report.line())
     return report
@@ -162,7 +166,7 @@ def _discard_rerun(
         # The attempt that committed this batch died before removing its staging folder (or
         # before collecting garbage): do it now.
         output.storage.delete_folder(output.path(base.publication.folder))
-        _collect_garbage(store, output, base)
+        _collect_garbage(store, output, base, writer.run)
     log.info("dedup batch %s of %s was already committed; re-run discarded", batch_id, writer.query)
     return CommitReport(base.version, batch_id, writer.query, already_committed=True)
 
@@ -245,10 +249,13 @@ def _schema_files(
     return files
 
 
-def _collect_garbage(store: BucketStore, output: Output, manifest: Manifest) -> None:
-    if manifest.version % GARBAGE_EVERY:
+def _collect_garbage(store: BucketStore, output: Output, manifest: Manifest, run: str) -> None:
+    first_of_run = (output.url, run) not in _swept
+    _swept.add((output.url, run))
+    if manifest.version % GARBAGE_EVERY == 0:
+        store.collect_garbage(manifest)
+    elif not first_of_run:
         return
-    store.collect_garbage(manifest)
     output.remove_stale_staging(manifest.version)
 
 
