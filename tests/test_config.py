@@ -352,6 +352,27 @@ def test_validate_and_inspect_show_assume_same_expiry(
     assert settings["assume_same_expiry"] is (given != "FALSE")
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"expiryKey": None, "expiryPeriod": None, "bucketSpan": None},
+        {"expiryKey": None, "expiryMode": "systemTime", "bucketSpan": None},
+    ],
+    ids=["basic", "systemTime"],
+)
+def test_inspect_json_gives_no_assume_same_expiry_where_it_does_not_apply(
+    write_config: WriteConfig,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    changes: dict[str, str | None],
+) -> None:
+    owned_store(write_config(changes), "q1")
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert "assumeSameExpiry" not in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["assume_same_expiry"] is None
+
+
 def test_inspect_a_store_recorded_before_assume_same_expiry_shows_true(
     write_config: WriteConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -89,6 +89,8 @@ def report(location: Location) -> dict[str, Any]:
 
 def _store_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
     settings = recorded_settings(manifest.settings)
+    if settings.get("mode") not in TIME_BUCKET_MODES:  # recorded, but it applies to none of them
+        settings["assume_same_expiry"] = None
     latest = manifest.latest
     period = settings.get("period")
     expiry = None if latest is None or period is None else latest - period
