@@ -15,6 +15,7 @@ the files pyarrow reads.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +24,11 @@ from faults import ORDERED_OPTIONS, PORTS, ROW_SCHEMA, assert_exactly_once, orde
 from servers import Remote, S3Fault, S3Request, S3Server
 from streams import PORT_NAMES, files_under, port_rows, read_port, read_text, reference_outputs
 
+from dedupsink.engine.classify import stamp_dtype
+from dedupsink.errors import StoreCorruptError
 from dedupsink.sink.local import LocalSink
+from dedupsink.store import store as store_module
+from dedupsink.store.cache import BucketCache, BucketManager
 
 WINDOWS = 6
 FAULTED = 3
@@ -131,3 +136,27 @@ def test_a_lost_reply_to_the_manifest_create_is_recognised_as_the_commit(s3: S3S
     assert [r.status for r in creates if r.op == "PutObject"] == [200, 412]
     assert fault.hit
     assert sum(1 for n in files_under(place, "_store/_log")) == 3
+
+
+def test_a_truncated_window_file_on_s3_is_corrupt_naming_it(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its segments now start past its end, which S3 answers with a 416: the store reads that
+    as a short read and names the file, as on a local disk, rather than failing with the
+    server's bare error."""
+    place = s3.remote("truncated")
+    writer = sink(place)
+    writer.window(0, INPUTS[0], PARTITIONS)
+    fs = place.fs()
+    name = sorted(files_under(place, "_store/data"))[0]
+    path = f"{place.url}/_store/data/{name}".removeprefix("s3://")
+    fs.pipe_file(path, fs.cat_file(path)[:8])  # the magic only
+    store, settings = writer.plan.store, writer.plan.settings
+    manifest = store.read()
+    assert manifest is not None
+    # Another process: no bucket cached, no window file remembered from writing it.
+    monkeypatch.setattr(store_module, "_written", OrderedDict())
+    fresh = BucketManager(store, BucketCache(1 << 20), stamp_dtype(settings)).use(manifest)
+    with pytest.raises(StoreCorruptError) as caught:
+        fresh.load(sorted(manifest.buckets), None)
+    assert name in str(caught.value)
