@@ -601,6 +601,32 @@ def test_unreadable_text_expiry_value_is_an_error() -> None:
     assert reasons == ["expiry value in 'ts' is not a valid tupleTime value"]
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2015-01-02T03:04:05.250Z",
+        "2015-01-02T05:04:05.25+02:00",
+        "2015-01-02 01:04:05.250000000-0200",
+        "2015-01-02T03:04:05.250",
+    ],
+)
+def test_iso_8601_text_with_a_fraction_or_an_offset_is_read_as_its_utc_time(text: str) -> None:
+    """As producers write it (Spark's to_json: ``.SSSXXX``); without an offset, UTC. The
+    first copy sets the latest point exactly; a copy one microsecond older is not expired."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.string())])
+    settings = settings_for(
+        schema, keys="id", expiryKey="ts", expiryMode="tupleTime", expiryPeriod="1 s"
+    )
+    index = CommittedIndex(settings)
+    assert classify_window(index, [one_batch(schema, id=[1], ts=[text])])[0] == ["unique"]
+    assert index.latest == micros(datetime(2015, 1, 2, 3, 4, 5, 250_000))
+    # E = latest - 1 s: 03:04:04.250 is at it (expired), 03:04:04.250001 above it.
+    later = one_batch(
+        schema, id=[2, 3], ts=["2015-01-02T03:04:04.25Z", "2015-01-02T03:04:04.250001"]
+    )
+    assert classify_window(index, [later])[0] == ["expired", "unique"]
+
+
 def test_categorical_new_categories_are_numbered_in_order_of_first_appearance() -> None:
     schema = pa.schema([("id", pa.int64()), ("release", pa.string())])
     settings = settings_for(schema, keys="id", expiryKey="release", expiryPeriod="1")

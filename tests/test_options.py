@@ -285,6 +285,15 @@ def test_expiry_column_type_that_does_not_fit_the_mode_is_refused(
     assert_names(error, "expiryMode", mode, f"column {column!r}")
 
 
+@pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary(), pa.binary(4)])
+def test_a_binary_expiry_column_is_refused_as_categories(kind: pa.DataType) -> None:
+    """Categories are text; a value that is not UTF-8 would fail its task at every retry."""
+    schema = pa.schema([("id", pa.int64()), ("release", kind)])
+    raw = {"path": "/o", "keys": "id", "expiryKey": "release", "expiryMode": "categorical"}
+    error = option_error({**raw, "expiryPeriod": "3"}, schema)
+    assert_names(error, "expiryMode", "categorical", "column 'release'")
+
+
 @pytest.mark.parametrize(
     ("column", "period", "accepted"),
     [

@@ -18,7 +18,17 @@ import pyarrow.compute as pc
 from dedupsink.engine.settings import Settings
 from dedupsink.options import MICROS_PER_DAY, micros_per
 
-_ISO_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d")
+# ISO-8601 as producers write it: a 'T' or a space, an offset (``Z``, ``+02:00``, ``+0200``) or
+# none (read as UTC), and a fraction of a second, which Arrow's strptime has no directive for:
+# it is cut off and added back (``_fraction_micros``).
+_ISO_FORMATS = (
+    "%Y-%m-%dT%H:%M:%S",
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M:%S%z",
+    "%Y-%m-%d %H:%M:%S%z",
+    "%Y-%m-%d",
+)
+_FRACTION = r"(:\d\d)\.(\d{1,9})"
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
@@ -44,13 +54,24 @@ def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if pa.types.is_date(kind):
         days = np.asarray(array.cast(pa.date32()).view(pa.int32()).fill_null(0), dtype=np.int64)
         return _scaled(days, MICROS_PER_DAY)
+    whole_seconds = pc.replace_substring_regex(array, _FRACTION, r"\1")
     parsed = None
     for layout in _ISO_FORMATS:
-        attempt = pc.strptime(array, format=layout, unit="us", error_is_null=True)
+        attempt = pc.strptime(whole_seconds, format=layout, unit="us", error_is_null=True)
+        attempt = attempt.cast(pa.timestamp("us"))  # zoned layouts give UTC: one type for all
         parsed = attempt if parsed is None else pc.coalesce(parsed, attempt)
     assert parsed is not None
     unreadable = np.asarray(pc.and_(pc.is_null(parsed), pc.is_valid(array)).fill_null(False))
-    return np.asarray(parsed.view(pa.int64()).fill_null(0)), unreadable
+    micros = np.asarray(parsed.view(pa.int64()).fill_null(0))
+    return micros + _fraction_micros(array), unreadable
+
+
+def _fraction_micros(text: pa.Array) -> np.ndarray:
+    """The fraction of a second of each ISO-8601 text, in whole microseconds (0 without one;
+    digits beyond the sixth are cut, as a cast to microseconds truncates)."""
+    digits = pc.struct_field(pc.extract_regex(text, r":\d\d\.(?P<digits>\d{1,9})"), [0])
+    six = pc.utf8_slice_codeunits(pc.utf8_rpad(digits, width=6, padding="0"), 0, 6)
+    return np.asarray(six.cast(pa.int64()).fill_null(0), dtype=np.int64)
 
 
 def _scaled(units: np.ndarray, factor: int) -> tuple[np.ndarray, np.ndarray]:

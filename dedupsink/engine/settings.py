@@ -150,7 +150,10 @@ def _mode_fits(mode: Mode, kind: pa.DataType) -> bool:
     if mode == "ordered":
         return _infer_mode(kind) == "ordered" or is_text
     if mode == "categorical":
-        return _supported_key_type(kind) and not pa.types.is_struct(kind)
+        # Categories are text: bytes need not be UTF-8, and one such value would fail the task.
+        binary = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+        binary = binary or pa.types.is_fixed_size_binary(kind)
+        return _supported_key_type(kind) and not pa.types.is_struct(kind) and not binary
     return True
 
 
