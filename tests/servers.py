@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
+from xml.sax.saxutils import escape
 
 REPO = Path(__file__).resolve().parent.parent
 AZURITE = REPO / ".venv" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
@@ -93,8 +94,9 @@ class S3Request:
 @dataclasses.dataclass
 class S3Fault:
     """Fail the next ``times`` requests for which ``matches`` holds: ``how`` is ``"500"``
-    (answered with an error before the server acts) or ``"drop"`` (acted on, then the
-    connection is closed before the reply)."""
+    (answered with an error before the server acts), ``"drop"`` (acted on, then the
+    connection is closed before the reply) or ``"deny"`` (a DeleteObjects answered 200 with
+    an AccessDenied error for each key, none deleted: how S3 reports a missing permission)."""
 
     matches: Callable[[S3Request], bool]
     times: int = 1
@@ -143,6 +145,15 @@ class _Middleware:
             environ["wsgi.input"] = io.BytesIO(body)
             request.keys = [unquote(k.decode()) for k in _KEYS_IN_BODY.findall(body)]
         fault = self.server.record(request)
+        if fault is not None and fault.how == "deny":
+            request.status = 200
+            start_response("200 OK", [("Content-Type", "application/xml")])
+            errors = "".join(
+                f"<Error><Key>{escape(key)}</Key><Code>AccessDenied</Code>"
+                "<Message>Access Denied</Message></Error>"
+                for key in request.keys
+            )
+            return [f"<?xml version='1.0'?><DeleteResult>{errors}</DeleteResult>".encode()]
         if fault is not None and fault.how == "500":
             request.status = 500
             start_response("500 Internal Server Error", [("Content-Type", "application/xml")])

@@ -29,6 +29,7 @@ from dedupsink.errors import StoreCorruptError
 from dedupsink.sink.local import LocalSink
 from dedupsink.store import store as store_module
 from dedupsink.store.cache import BucketCache, BucketManager
+from dedupsink.store.storage import Storage
 
 WINDOWS = 6
 FAULTED = 3
@@ -160,3 +161,19 @@ def test_a_truncated_window_file_on_s3_is_corrupt_naming_it(
     with pytest.raises(StoreCorruptError) as caught:
         fresh.load(sorted(manifest.buckets), None)
     assert name in str(caught.value)
+
+
+def test_a_delete_s3_refuses_key_by_key_is_an_error_naming_the_key(s3: S3Server) -> None:
+    """S3 reports a denied delete inside a successful DeleteObjects reply: the storage raises,
+    naming the object, instead of leaving garbage behind with no error."""
+    place = s3.remote("denied")
+    storage = Storage.for_url(place.url, place.storage_options)
+    paths = [storage.path("garbage", f"{n}.keys") for n in range(3)]
+    for path in paths:
+        storage.write(path, b"x")
+    fault = s3.fail(S3Fault(lambda r: r.op == "DeleteObjects", how="deny"))
+    with pytest.raises(OSError, match=r"refused to delete 3 of 3 objects.*AccessDenied"):
+        storage.delete(paths)
+    assert fault.hit and all(storage.exists(path) for path in paths)
+    storage.delete([*paths, storage.path("garbage", "never-there.keys")])  # missing: no error
+    assert not any(storage.exists(path) for path in paths)

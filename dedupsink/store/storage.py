@@ -538,11 +538,30 @@ class S3Storage(ObjectStorage):
 
     def delete(self, paths: Iterable[str]) -> None:
         # DeleteObjects, a thousand keys a request; fs.rm(list) would read '[' in a key as a
-        # glob pattern.
-        batch = list(paths)
-        for start in range(0, len(batch), _S3_DELETE_BATCH):
-            chunk = batch[start : start + _S3_DELETE_BATCH]
-            fsspec.asyn.sync(self.fs.loop, self.fs._bulk_delete, chunk)
+        # glob pattern. S3 reports a key it could not delete inside a successful reply, which
+        # s3fs ignores: a denied delete would leave garbage with no error at all.
+        by_bucket: dict[str, list[str]] = {}
+        for path in paths:
+            bucket, key, _ = self.fs.split_path(path)
+            by_bucket.setdefault(bucket, []).append(key)
+        for bucket, keys in by_bucket.items():
+            for start in range(0, len(keys), _S3_DELETE_BATCH):
+                self._delete_objects(bucket, keys[start : start + _S3_DELETE_BATCH])
+        self.fs.invalidate_cache()
+
+    def _delete_objects(self, bucket: str, keys: list[str]) -> None:
+        objects = [{"Key": key} for key in keys]
+        reply = self.fs.call_s3(
+            "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True}
+        )
+        failed = [e for e in reply.get("Errors") or [] if e.get("Code") != "NoSuchKey"]
+        if failed:
+            first = failed[0]
+            raise OSError(
+                errno.EIO,
+                f"S3 refused to delete {len(failed)} of {len(keys)} objects, the first "
+                f"s3://{bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message')}",
+            )
 
 
 class GcsStorage(ObjectStorage):
