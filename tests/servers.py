@@ -95,8 +95,9 @@ class S3Request:
 class S3Fault:
     """Fail the next ``times`` requests for which ``matches`` holds: ``how`` is ``"500"``
     (answered with an error before the server acts), ``"drop"`` (acted on, then the
-    connection is closed before the reply) or ``"deny"`` (a DeleteObjects answered 200 with
-    an AccessDenied error for each key, none deleted: how S3 reports a missing permission)."""
+    connection is closed before the reply), ``"deny"`` (a DeleteObjects answered 200 with an
+    AccessDenied error for each key, none deleted: how S3 reports a missing permission) or
+    ``"409"`` (a ConditionalRequestConflict: another conditional write of the key in flight)."""
 
     matches: Callable[[S3Request], bool]
     times: int = 1
@@ -154,6 +155,13 @@ class _Middleware:
                 for key in request.keys
             )
             return [f"<?xml version='1.0'?><DeleteResult>{errors}</DeleteResult>".encode()]
+        if fault is not None and fault.how == "409":
+            request.status = 409
+            start_response("409 Conflict", [("Content-Type", "application/xml")])
+            return [
+                b"<Error><Code>ConditionalRequestConflict</Code>"
+                b"<Message>A conflicting operation is in progress</Message></Error>"
+            ]
         if fault is not None and fault.how == "500":
             request.status = 500
             start_response("500 Internal Server Error", [("Content-Type", "application/xml")])

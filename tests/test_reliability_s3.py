@@ -177,3 +177,17 @@ def test_a_delete_s3_refuses_key_by_key_is_an_error_naming_the_key(s3: S3Server)
     assert fault.hit and all(storage.exists(path) for path in paths)
     storage.delete([*paths, storage.path("garbage", "never-there.keys")])  # missing: no error
     assert not any(storage.exists(path) for path in paths)
+
+
+def test_a_conditional_create_that_meets_a_write_in_flight_is_retried(s3: S3Server) -> None:
+    """S3 answers a conditional PUT racing another write of the key with 409, meaning "retry":
+    the retry then creates the version, or finds it made (412) and compares its bytes."""
+    place = s3.remote("conflict")
+    writer = sink(place)
+    writer.window(0, INPUTS[0], PARTITIONS)
+    fault = s3.fail(S3Fault(key_has("_store/_log/", op="PutObject"), times=2, how="409"))
+    report = writer.window(1, INPUTS[1], PARTITIONS)
+    assert report is not None and report.version == 2 and not report.already_committed
+    assert len(fault.hit) == 2
+    creates = [r for r in s3.requests() if r.key.endswith("000000000002.manifest")]
+    assert [r.status for r in creates if r.op == "PutObject"] == [409, 409, 200]

@@ -40,6 +40,7 @@ import contextlib
 import errno
 import os
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -67,6 +68,7 @@ SUPPORTED = (
 # multipart copy, which fs.copy does.
 _S3_SINGLE_COPY_LIMIT = 5 * 2**30
 _S3_DELETE_BATCH = 1000
+_S3_CONFLICT_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds before each retry of a 409
 
 
 def join(*parts: str) -> str:
@@ -510,6 +512,19 @@ class S3Storage(ObjectStorage):
         # A ranged GET: a plain cat_file first asks the object's size with a HEAD.
         return bytes(self.fs.cat_file(path, start=0))
 
+    def create(self, path: str, data: bytes) -> None:
+        # S3 answers a conditional PUT that meets another write of the key in flight with 409
+        # ConditionalRequestConflict, meaning "retry": the retry creates the object, or finds
+        # it (412: FileExistsError, and the caller tells its own bytes from another's).
+        for pause in (*_S3_CONFLICT_PAUSES, None):
+            try:
+                super().create(path, data)
+                return
+            except OSError as exc:
+                if pause is None or not _is_conditional_conflict(exc):
+                    raise
+                time.sleep(pause)
+
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         if size is None or size >= _S3_SINGLE_COPY_LIMIT:
             super().publish(source, target, size)
@@ -562,6 +577,21 @@ class S3Storage(ObjectStorage):
                 f"S3 refused to delete {len(failed)} of {len(keys)} objects, the first "
                 f"s3://{bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message')}",
             )
+
+
+_CONFLICT = "ConditionalRequestConflict"
+
+
+def _is_conditional_conflict(exc: BaseException) -> bool:
+    """Whether s3fs's error is S3's 409 ConditionalRequestConflict (s3fs raises it as a plain
+    OSError, the client's error as its cause)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") == _CONFLICT:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return _CONFLICT in str(exc)
 
 
 class GcsStorage(ObjectStorage):
