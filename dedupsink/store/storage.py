@@ -36,6 +36,7 @@ anything is written, naming it and what is supported.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -617,6 +618,28 @@ class AzureStorage(ObjectStorage):
         from azure.core.exceptions import AzureError
 
         return (OSError, AzureError)
+
+    def publish(self, source: str, target: str, size: int | None = None) -> None:
+        super().publish(source, target, size)
+        # adlfs starts a server-side copy and returns; Azure may report it "pending", and the
+        # commit deletes the staged source next, which would fail a copy still running.
+        fsspec.asyn.sync(self.fs.loop, self._copy_done, target)
+
+    async def _copy_done(self, target: str) -> None:
+        container, blob, _ = self.fs.split_path(target)
+        client = self.fs.service_client.get_container_client(container).get_blob_client(blob)
+        pause = 0.05
+        while True:
+            copy = (await client.get_blob_properties()).copy
+            if copy.status in (None, "success"):
+                return
+            if copy.status != "pending":
+                raise OSError(
+                    errno.EIO,
+                    f"copy into {self.full_url(target)} {copy.status}: {copy.status_description}",
+                )
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 2.0)
 
 
 def _protocols(fs_class: type) -> tuple[str, ...]:
