@@ -16,6 +16,7 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -624,6 +625,17 @@ def test_iso_8601_text_with_a_fraction_or_an_offset_is_read_as_its_utc_time(text
     later = one_batch(
         schema, id=[2, 3], ts=["2015-01-02T03:04:04.25Z", "2015-01-02T03:04:04.250001"]
     )
+    assert classify_window(index, [later])[0] == ["expired", "unique"]
+
+
+def test_a_decimal_value_exactly_at_the_expiry_point_is_expired() -> None:
+    """Values are compared as floats, the expiry point computed in decimal and rounded as they
+    are: in floats 0.30 - 0.1 is 0.19999999999999998, below the row 0.20 it must expire."""
+    schema = pa.schema([("id", pa.int64()), ("x", pa.decimal128(10, 2))])
+    index = CommittedIndex(settings_for(schema, keys="id", expiryKey="x", expiryPeriod="0.1"))
+    first = one_batch(schema, id=[1], x=[Decimal("0.30")])
+    assert classify_window(index, [first])[0] == ["unique"]
+    later = one_batch(schema, id=[2, 3], x=[Decimal("0.20"), Decimal("0.21")])
     assert classify_window(index, [later])[0] == ["expired", "unique"]
 
 

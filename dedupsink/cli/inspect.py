@@ -16,7 +16,7 @@ from dedupsink.cli.config import resolve_path
 from dedupsink.cli.display import human_bytes, point_text, table, utc_text
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
-from dedupsink.engine.settings import TIME_BUCKET_MODES
+from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
     STORE_DIRNAME_DEFAULT,
@@ -93,7 +93,7 @@ def _store_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
         settings["assume_same_expiry"] = None
     latest = manifest.latest
     period = settings.get("period")
-    expiry = None if latest is None or period is None else latest - period
+    expiry = expiry_point_of(latest, period, settings.get("expiry_type"))
     categories = list(manifest.categories)
     return {
         "store_id": manifest.store_id,

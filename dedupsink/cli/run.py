@@ -36,6 +36,7 @@ from dedupsink.cli.config import CHECKPOINT, SOURCE_PATH
 from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
 from dedupsink.engine.classify import PORTS
+from dedupsink.engine.settings import expiry_point_of
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import join_url
 from dedupsink.sink.plan import BATCH_WRITE_PREFIX
@@ -330,7 +331,8 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
     period = settings.get("period")
     if settings.get("mode") != "basic" and manifest.latest is not None and period is not None:
         latest = point_text(manifest.latest, settings, manifest.categories)
-        expiry = point_text(manifest.latest - period, settings, manifest.categories)
+        point = expiry_point_of(manifest.latest, period, settings.get("expiry_type"))
+        expiry = point_text(point, settings, manifest.categories)
         lines.append(f"Latest point {latest}; expiry point {expiry}")
     return lines
 

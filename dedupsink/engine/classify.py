@@ -44,9 +44,7 @@ class CommittedState:
     categories: Mapping[str, int] = field(default_factory=dict)
 
     def expiry_point(self, settings: Settings) -> float | None:
-        if self.latest is None or settings.period is None:
-            return None
-        return self.latest - settings.period
+        return settings.expiry_point(self.latest)
 
 
 @dataclass

@@ -9,7 +9,9 @@ engine classifies with and what a bucket store records at creation and checks on
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from typing import Any, Literal, TypeAlias
 
 import pyarrow as pa
@@ -38,6 +40,30 @@ Rows: TypeAlias = pa.RecordBatch | pa.Table
 
 ERROR_COLUMN = "_dedup_error"
 TIME_BUCKET_MODES = ("tupleTime", "ordered")
+
+
+def expiry_point_of(
+    latest: float | None, period: float | None, expiry_type: str | None
+) -> float | None:
+    """``latest - period``, for a decimal column in decimal, rounded to the float its values
+    are compared as: a value exactly at the expiry point then compares equal to it (in floats
+    ``0.30 - 0.1`` is ``0.19999999999999998``, below the row ``0.20`` it should expire)."""
+    if latest is None or period is None:
+        return None
+    scale = _decimal_scale(expiry_type)
+    if scale is None:
+        return latest - period
+    exact = round(Decimal(repr(latest)), scale) - Decimal(repr(period))
+    return float(exact)
+
+
+def _decimal_scale(expiry_type: str | None) -> int | None:
+    """The scale of a decimal column's type as recorded (``decimal128(10, 2)`` -> 2)."""
+    found = _DECIMAL_TYPE.fullmatch(expiry_type or "")
+    return int(found.group(1)) if found else None
+
+
+_DECIMAL_TYPE = re.compile(r"decimal(?:32|64|128|256)?\(\d+, (-?\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -80,6 +106,10 @@ class Settings:
         index entry (categorical: numbers of the file's new categories; systemTime: the
         placeholder for the file's window time)."""
         return self.mode in ("categorical", "systemTime")
+
+    def expiry_point(self, latest: float | None) -> float | None:
+        """``E = L - expiryPeriod``: rows at or below it are expired, keys forgotten."""
+        return expiry_point_of(latest, self.period, self.expiry_type)
 
     def identity(self) -> dict[str, Any]:
         record = asdict(self)

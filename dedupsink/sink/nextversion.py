@@ -182,10 +182,9 @@ def advance_latest_point(nxt: Manifest, update: WindowUpdate) -> None:
 
 def drop_expired_files(nxt: Manifest, update: WindowUpdate) -> None:
     """Forget whole window files whose newest key is at or below the expiry point."""
-    period = update.plan.settings.period
-    if nxt.latest is None or period is None:
+    expiry_point = update.plan.settings.expiry_point(nxt.latest)
+    if expiry_point is None:
         return
-    expiry_point = nxt.latest - period
     for wf in [w for w in nxt.files.values() if w.max_stamp is not None]:
         if wf.max_stamp is None or wf.max_stamp > expiry_point:
             continue
