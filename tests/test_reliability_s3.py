@@ -124,18 +124,26 @@ def test_a_request_failing_mid_window_loses_and_duplicates_nothing(
     assert {port: port_rows(place, port, ["id", "n"]) for port in PORT_NAMES} == dict(expected)
 
 
-def test_a_lost_reply_to_the_manifest_create_is_recognised_as_the_commit(s3: S3Server) -> None:
-    """The server created the version; the reply was lost; the client's retry finds the
-    version present (412): its bytes are the commit's own, so the window is committed once."""
-    place = s3.remote("lost-reply")
+@pytest.mark.parametrize(
+    ("how", "times", "statuses"),
+    [("drop", 1, [200, 412]), ("409", 2, [409, 409, 200])],
+    ids=["reply lost", "write in flight"],
+)
+def test_a_manifest_create_that_meets_a_fault_commits_the_window_once(
+    s3: S3Server, how: str, times: int, statuses: list[int]
+) -> None:
+    """Reply lost: the server created the version, the client's retry finds it present (412),
+    and its bytes are the commit's own. Write in flight: S3 answers a conditional PUT racing
+    another write of the key with 409, meaning "retry", and the retry creates the version."""
+    place = s3.remote("create-fault")
     writer = sink(place)
     writer.window(0, INPUTS[0], PARTITIONS)
-    fault = s3.fail(S3Fault(key_has("_store/_log/", op="PutObject"), times=1, how="drop"))
+    fault = s3.fail(S3Fault(key_has("_store/_log/", op="PutObject"), times=times, how=how))
     report = writer.window(1, INPUTS[1], PARTITIONS)
     assert report is not None and report.version == 2 and not report.already_committed
+    assert len(fault.hit) == times
     creates = [r for r in s3.requests() if r.key.endswith("000000000002.manifest")]
-    assert [r.status for r in creates if r.op == "PutObject"] == [200, 412]
-    assert fault.hit
+    assert [r.status for r in creates if r.op == "PutObject"] == statuses
     assert sum(1 for n in files_under(place, "_store/_log")) == 3
 
 
@@ -177,17 +185,3 @@ def test_a_delete_s3_refuses_key_by_key_is_an_error_naming_the_key(s3: S3Server)
     assert fault.hit and all(storage.exists(path) for path in paths)
     storage.delete([*paths, storage.path("garbage", "never-there.keys")])  # missing: no error
     assert not any(storage.exists(path) for path in paths)
-
-
-def test_a_conditional_create_that_meets_a_write_in_flight_is_retried(s3: S3Server) -> None:
-    """S3 answers a conditional PUT racing another write of the key with 409, meaning "retry":
-    the retry then creates the version, or finds it made (412) and compares its bytes."""
-    place = s3.remote("conflict")
-    writer = sink(place)
-    writer.window(0, INPUTS[0], PARTITIONS)
-    fault = s3.fail(S3Fault(key_has("_store/_log/", op="PutObject"), times=2, how="409"))
-    report = writer.window(1, INPUTS[1], PARTITIONS)
-    assert report is not None and report.version == 2 and not report.already_committed
-    assert len(fault.hit) == 2
-    creates = [r for r in s3.requests() if r.key.endswith("000000000002.manifest")]
-    assert [r.status for r in creates if r.op == "PutObject"] == [409, 409, 200]
