@@ -18,6 +18,8 @@ from typing import Any, Literal, get_args
 from dedupsink.errors import DedupError, DedupOptionError
 
 ExpiryMode = Literal["tupleTime", "systemTime", "ordered", "categorical"]
+# The modes whose periods, spans and jumps are durations (the others' are plain numbers).
+DURATION_MODES = ("tupleTime", "systemTime")
 EXPIRY_MODES: tuple[ExpiryMode, ...] = get_args(ExpiryMode)
 
 PATH = "path"
@@ -212,7 +214,7 @@ def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
     """A period or bucket span in the expiry key's domain, for people."""
     if value is None:
         return "-"
-    if settings.get("mode") in ("tupleTime", "systemTime"):
+    if settings.get("mode") in DURATION_MODES:
         return human_duration(value)
     return number_text(value)
 

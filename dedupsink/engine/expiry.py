@@ -28,7 +28,8 @@ _ISO_FORMATS = (
     "%Y-%m-%d %H:%M:%S%z",
     "%Y-%m-%d",
 )
-_FRACTION = r"(:\d\d)\.(\d{1,9})"
+# Named groups, as Arrow's extract_regex requires; the replacement keeps the first.
+_FRACTION = r"(?P<seconds>:\d\d)\.(?P<digits>\d{1,9})"
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
@@ -60,6 +61,8 @@ def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         attempt = pc.strptime(whole_seconds, format=layout, unit="us", error_is_null=True)
         attempt = attempt.cast(pa.timestamp("us"))  # zoned layouts give UTC: one type for all
         parsed = attempt if parsed is None else pc.coalesce(parsed, attempt)
+        if parsed.null_count == array.null_count:  # every value read: a source writes one layout
+            break
     assert parsed is not None
     unreadable = np.asarray(pc.and_(pc.is_null(parsed), pc.is_valid(array)).fill_null(False))
     micros = np.asarray(parsed.view(pa.int64()).fill_null(0))
@@ -69,7 +72,7 @@ def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def _fraction_micros(text: pa.Array) -> np.ndarray:
     """The fraction of a second of each ISO-8601 text, in whole microseconds (0 without one;
     digits beyond the sixth are cut, as a cast to microseconds truncates)."""
-    digits = pc.struct_field(pc.extract_regex(text, r":\d\d\.(?P<digits>\d{1,9})"), [0])
+    digits = pc.struct_field(pc.extract_regex(text, _FRACTION), ["digits"])
     six = pc.utf8_slice_codeunits(pc.utf8_rpad(digits, width=6, padding="0"), 0, 6)
     return np.asarray(six.cast(pa.int64()).fill_null(0), dtype=np.int64)
 

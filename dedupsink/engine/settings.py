@@ -22,6 +22,7 @@ from dedupsink.options import (
     ASSUME_SAME_EXPIRY_DEFAULT,
     BUCKET_SPAN,
     BUCKETS_PER_PERIOD_DEFAULT,
+    DURATION_MODES,
     EXPIRY_KEY,
     EXPIRY_MODE,
     EXPIRY_PERIOD,
@@ -216,7 +217,7 @@ def _resolve_keys(
 
 
 def _in_domain(option: str, span: Span, mode: Mode) -> float:
-    if mode in ("tupleTime", "systemTime"):
+    if mode in DURATION_MODES:
         if not span.is_duration:
             raise DedupOptionError(
                 option, span.text, f"a duration such as '24 hours' with expiryMode={mode}"

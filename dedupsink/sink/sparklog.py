@@ -105,7 +105,7 @@ class PortLog:
         except FileExistsError:
             return
         if is_compaction(entry.log_id):
-            _remember_checked(path, data)
+            _remember_checked(path, zlib.crc32(data))
 
     def lines(self, entry: LogEntry, publication: Publication) -> list[str]:
         own = [
@@ -152,11 +152,11 @@ class PortLog:
         those this process last wrote or parsed for the port (``_checked_compactions``)."""
         path = self.entry_path(log_id)
         data = self._bytes(path)
-        checked = (path, zlib.crc32(data))
-        if _checked_compactions.get(_log_dir(path)) == checked:
+        crc = zlib.crc32(data)
+        if _checked_compactions.get(_log_dir(path)) == (path, crc):
             return _status_lines(data.decode())
         lines = [line for line, _ in parse_entry(_decoded(data, path), path)]
-        _checked_compactions[_log_dir(path)] = checked
+        _remember_checked(path, crc)
         return lines
 
     def _bytes(self, path: str) -> bytes:
@@ -191,8 +191,8 @@ def _log_dir(path: str) -> str:
     return path.rpartition("/")[0]
 
 
-def _remember_checked(path: str, data: bytes) -> None:
-    _checked_compactions[_log_dir(path)] = (path, zlib.crc32(data))
+def _remember_checked(path: str, crc: int) -> None:
+    _checked_compactions[_log_dir(path)] = (path, crc)
 
 
 def _status_lines(text: str) -> list[str]:

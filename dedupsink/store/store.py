@@ -432,14 +432,6 @@ def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -
     recorded = recorded_settings(recorded)
     for name, option in _SETTING_OPTIONS.items():
         if recorded.get(name) != wanted.get(name):
-            if name == "assume_same_expiry":
-                value = bool_text(bool(recorded.get(name)))
-                raise StoreSettingsError(
-                    option,
-                    bool_text(bool(wanted.get(name))),
-                    f"{value}, the value the store at {url} was created with (the store keeps "
-                    "its keys by time bucket with true and by key hash with false)",
-                )
             raise StoreSettingsError(
                 option, _setting_text(name, wanted), _changed(name, recorded, wanted, url)
             )
@@ -465,7 +457,10 @@ def _changed(name: str, recorded: dict[str, Any], wanted: dict[str, Any], url: s
             f"the column type the store at {url} was created with "
             f"(changed: {column}: {recorded.get(name)} -> {wanted.get(name)})"
         )
-    return f"{_setting_text(name, recorded)}, the value the store at {url} was created with"
+    text = f"{_setting_text(name, recorded)}, the value the store at {url} was created with"
+    if name == "assume_same_expiry":
+        text += " (the store keeps its keys by time bucket with true and by key hash with false)"
+    return text
 
 
 def _setting_text(name: str, settings: dict[str, Any]) -> object:
@@ -478,4 +473,6 @@ def _setting_text(name: str, settings: dict[str, Any]) -> object:
         return "none (Basic Dedup: no expiryKey)"
     if name == "keys":
         return ",".join(value or [])
+    if name == "assume_same_expiry":
+        return bool_text(bool(value))
     return value
