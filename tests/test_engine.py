@@ -1034,6 +1034,33 @@ def test_keyset_merge_equals_building_the_union(seed: int) -> None:
     assert as_dict(alive) == {k: v for k, v in as_model(*union).items() if v > 50}
 
 
+@pytest.mark.parametrize("small", [5, 40, 3000])
+def test_keyset_merge_places_or_sorts_with_the_same_result(small: int) -> None:
+    """A merge places a few keys into a much larger set and sorts two sets of like size: both
+    keep every fingerprint once with its largest stamp, keys re-seen and h1 shared included."""
+    rng = np.random.default_rng(small)
+    wide = [
+        rng.integers(0, 2**63, 6000).astype(np.uint64),
+        rng.integers(0, 2**63, 6000).astype(np.uint64),
+        rng.integers(0, 100, 6000).astype(np.int64),
+    ]
+    big = [lane[:3000] for lane in wide]
+    other = [lane[3000 : 3000 + small] for lane in wide]
+    # Re-seen keys with other stamps, and a key sharing h1 with one of the large set's.
+    seen = rng.choice(3000, 3, replace=False)
+    other = [np.concatenate([own, in_big[seen]]) for own, in_big in zip(other, big, strict=True)]
+    other[2][-3:] = rng.integers(0, 100, 3)
+    shares_h1 = (big[0][7], np.uint64(1), 5)
+    other = [np.append(lane, value) for lane, value in zip(other, shares_h1, strict=True)]
+    merged = KeySet.build(*big).merge(KeySet.build(*other))
+    union = [np.concatenate([x, y]) for x, y in zip(big, other, strict=True)]
+    assert as_dict(merged) == as_model(*union)
+    assert merged.shared_h1
+    assert (np.diff(merged.h1.astype(np.float64)) >= 0).all()
+    queries = Fingerprints(union[0], union[1])
+    assert merged.contains(queries).all()
+
+
 def test_keys_sharing_h1_stay_found_through_merges_that_do_not_touch_them() -> None:
     """A set knows it holds keys sharing h1, and so do the sets merged or cut from it: a
     lookup of either key of the pair keeps looking past the first."""
