@@ -81,21 +81,26 @@ class CachedBucket:
 
     def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
         """Which of these queries, sorted by ``h1``, the bucket remembers, newest keys first:
-        re-sent keys are mostly recent ones, found in the small runs, and only the rest need a
-        large bulk, whose search costs a cache miss at most steps. For a small bulk or a few
-        queries, picking out the rest costs more than it spares. Each binary search narrows
-        the next, the queries being sorted."""
+        re-sent keys are mostly recent ones, found in the small runs, and only the rest need the
+        large sets, whose search costs a cache miss at most steps: before a large set the
+        queries already answered are picked out. For a small set or a few queries, picking
+        out costs more than it spares. Each binary search narrows the next, the queries being
+        sorted."""
         found = np.zeros(len(fps), dtype=bool)
-        for run in reversed(self.recent):
-            found |= run.contains(fps, forget_at_or_below, presorted=True)
+        rows: np.ndarray | None = None  # the positions of ``queries`` in ``fps`` (None: all)
+        queries = fps
+        for keys in (*reversed(self.recent), self.keys):
+            if len(keys) >= FILTER_FROM_KEYS and len(queries) >= _PICK_OUT_FROM_QUERIES:
+                still = np.flatnonzero(~found) if rows is None else rows[~found[rows]]
+                if len(still) < len(queries):
+                    rows, queries = still, fps.take(still)
+            hit = keys.contains(queries, forget_at_or_below, presorted=True)
+            if rows is None:
+                found |= hit
+            else:
+                found[rows[hit]] = True
             if found.all():  # past the filter, most queries left are re-sends of recent keys
-                return found
-        small = len(self.keys) < FILTER_FROM_KEYS or len(fps) < _PICK_OUT_FROM_QUERIES
-        if small or not found.any():
-            found |= self.keys.contains(fps, forget_at_or_below, presorted=True)
-            return found
-        rest = np.flatnonzero(~found)
-        found[rest] = self.keys.contains(fps.take(rest), forget_at_or_below, presorted=True)
+                break
         return found
 
     def added(
@@ -134,7 +139,7 @@ class CachedBucket:
         return keys
 
 
-# Below this many queries a bucket's search gives the bulk all of them (see ``contains``).
+# Below this many queries a bucket's search gives every set all of them (see ``contains``).
 _PICK_OUT_FROM_QUERIES = 16
 # Measured on a day of one-minute windows into one-hour buckets: folding at a quarter keeps a
 # window's merge cost flat through the hour (an eighth grew it 2x, a half cost more throughout).
