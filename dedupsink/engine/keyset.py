@@ -1,7 +1,8 @@
 """A sorted set of key fingerprints with their expiry values: one bucket's remembered keys.
 
 Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the
-largest stamp wins), so membership is a vectorised binary search and merging an insertion.
+largest stamp wins), so membership is a vectorised binary search and merging one pass of a
+stable sort over two sorted runs.
 A set knows whether two of its keys share ``h1`` (a 64-bit collision, settled by ``h2``): only
 then does a lookup look past the first key of each ``h1``.
 ``KeyFilter`` is the blocked Bloom filter a bucket manager keeps over its large cached buckets
