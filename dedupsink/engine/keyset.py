@@ -90,13 +90,15 @@ class KeySet:
         """Both sets in one. A few keys go into a much larger set at their sorted positions,
         which copies the larger set once; otherwise the two are joined end to end and sorted
         with a stable sort, which finds them as two sorted runs and merges them in one pass
-        (4-5 ns a key, against 6-8 for placing; placing wins only from ``_PLACE_FROM``)."""
+        (4-5 ns a key, against 6-8 for placing; placing wins only from ``_PLACE_FROM``).
+        Sorting holds the joined lanes and the permutation beside the result, twice the
+        transient memory of placing: merges larger than ``_SORT_UP_TO`` keys place."""
         if len(other) == 0:
             return self
         if len(self) == 0:
             return other
         big, small = (self, other) if len(self) >= len(other) else (other, self)
-        if len(big) >= _PLACE_FROM * len(small):
+        if len(big) >= _PLACE_FROM * len(small) or len(big) + len(small) > _SORT_UP_TO:
             return big._placed(small)
         h1 = np.concatenate([big.h1, small.h1])
         order = np.argsort(h1, kind="stable")
@@ -286,6 +288,11 @@ _BIT_PAIRS = np.array([(1 << (pair & 63)) | (1 << (pair >> 6)) for pair in range
 # A merge places the smaller set into the larger from this ratio of sizes up (measured: a set of
 # 390,000 keys took 281 at 2.0 ns a key placed and 3.9 sorted; at a ratio of 100, 4.1 and 3.7).
 _PLACE_FROM = 128
+# The largest merge that sorts. A batch write's task merges each chunk's new keys into the keys it
+# found before, and its memory peaks in that merge: sorting 472,000 keys raised the peak RSS of
+# bench/backfill.py's workers by 9-10 MB (313-315 -> 323-324 MB, over the 320 MB it must stay
+# under); up to this size the extra is at most 4 MB.
+_SORT_UP_TO = 1 << 18
 
 # Below this many keys a bucket's binary searches stay in the CPU's caches and cost about what
 # its queries' probes and its keys' bits would: a bucket is covered by the filter from here.
