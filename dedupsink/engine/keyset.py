@@ -2,7 +2,7 @@
 
 Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the
 largest stamp wins), so membership is a vectorised binary search and merging one pass of a
-stable sort over two sorted runs.
+stable sort over two sorted runs (or, for a few keys or a very large merge, their placement).
 A set knows whether two of its keys share ``h1`` (a 64-bit collision, settled by ``h2``): only
 then does a lookup look past the first key of each ``h1``.
 ``KeyFilter`` is the blocked Bloom filter a bucket manager keeps over its large cached buckets
