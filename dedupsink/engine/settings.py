@@ -8,6 +8,7 @@ engine classifies with and what a bucket store records at creation and checks on
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -58,6 +59,7 @@ def expiry_point_of(
     return float(exact)
 
 
+@functools.cache  # one type a store: parsed once, not at every window's expiry point
 def _decimal_scale(expiry_type: str | None) -> int | None:
     """The scale of a decimal column's type as recorded (``decimal128(10, 2)`` -> 2)."""
     found = _DECIMAL_TYPE.fullmatch(expiry_type or "")

@@ -185,9 +185,10 @@ def drop_expired_files(nxt: Manifest, update: WindowUpdate) -> None:
     expiry_point = update.plan.settings.expiry_point(nxt.latest)
     if expiry_point is None:
         return
-    for wf in [w for w in nxt.files.values() if w.max_stamp is not None]:
-        if wf.max_stamp is None or wf.max_stamp > expiry_point:
-            continue
+    expired = [
+        wf for wf in nxt.files.values() if wf.max_stamp is not None and wf.max_stamp <= expiry_point
+    ]
+    for wf in expired:
         del nxt.files[wf.name]
         for bucket in wf.buckets:
             remaining = [s for s in nxt.buckets.get(bucket, []) if s.file != wf.name]
