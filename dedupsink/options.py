@@ -241,7 +241,9 @@ class DedupOptions:
     expiry_mode: ExpiryMode | None = None
     expiry_period: Span | None = None
     bucket_span: Span | None = None
-    num_buckets: int = NUM_BUCKETS_DEFAULT
+    # None: not given; hash-bucket modes apply NUM_BUCKETS_DEFAULT, time-bucket modes refuse a
+    # given value (they bucket by time: bucketSpan).
+    num_buckets: int | None = None
     max_cached_buckets: int = MAX_CACHED_BUCKETS_DEFAULT
     max_cache_memory: Size = field(
         default_factory=lambda: parse_size(MAX_CACHE_MEMORY, MAX_CACHE_MEMORY_DEFAULT)
@@ -290,6 +292,11 @@ class DedupOptions:
         options = cls(**values)  # type: ignore[arg-type]
         options._check_combinations()
         return options
+
+    @property
+    def hash_buckets(self) -> int:
+        """The number of hash buckets, where keys are bucketed by hash."""
+        return NUM_BUCKETS_DEFAULT if self.num_buckets is None else self.num_buckets
 
     def _check_combinations(self) -> None:
         if self.expiry_mode not in (None, "systemTime") and self.expiry_key is None:

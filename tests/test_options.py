@@ -12,7 +12,7 @@ import pytest
 
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import DedupOptions, parse_duration
+from dedupsink.options import NUM_BUCKETS_DEFAULT, DedupOptions, parse_duration
 
 SCHEMA = pa.schema(
     [
@@ -362,6 +362,24 @@ def test_bucket_span_is_refused_in_hash_bucketed_modes() -> None:
     raw = {"path": "/o", "keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 h"}
     error = option_error({**raw, "bucketSpan": "1 minute"})
     assert_names(error, "bucketSpan", "1 minute", "numBuckets")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"keys": "id", "expiryKey": "ts", "expiryPeriod": "1 hour"},
+        {"keys": "id", "expiryKey": "seq", "expiryPeriod": "100", "assumeSameExpiry": "true"},
+    ],
+    ids=["tupleTime", "ordered"],
+)
+def test_num_buckets_is_refused_where_keys_are_bucketed_by_time(raw: dict[str, str]) -> None:
+    error = option_error({"path": "/o", **raw, "numBuckets": "32"})
+    assert_names(error, "numBuckets", "32", "assumeSameExpiry=true", "bucketSpan")
+
+
+def test_hash_bucketed_modes_take_the_default_number_of_buckets() -> None:
+    for raw in ({"keys": "id"}, {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 h"}):
+        assert settings_of(raw).bucket_count == NUM_BUCKETS_DEFAULT
 
 
 def test_system_time_needs_no_expiry_column() -> None:

@@ -29,6 +29,7 @@ from dedupsink.options import (
     EXPIRY_PERIOD,
     KEYS,
     MAX_EXPIRY_JUMP,
+    NUM_BUCKETS,
     DedupOptions,
     Span,
     bool_text,
@@ -241,7 +242,7 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
     keys, key_types = _resolve_keys(options, schema)
     mode, expiry_type, stamp_kind = _resolve_mode(options, schema)
     if mode == "basic":
-        return Settings(mode, keys, key_types, None, None, "int", None, None, options.num_buckets)
+        return Settings(mode, keys, key_types, None, None, "int", None, None, options.hash_buckets)
     if options.expiry_period is None:
         raise DedupOptionError(EXPIRY_PERIOD, None, f"a period: expiryMode={mode} needs one")
     period = _in_domain(EXPIRY_PERIOD, options.expiry_period, mode)
@@ -299,6 +300,13 @@ def _bucket_layout(
 ) -> tuple[float | None, int]:
     """(bucket span, bucket count): time buckets under Assumption 1, else hash buckets."""
     if mode in TIME_BUCKET_MODES and same_expiry:
+        if options.num_buckets is not None:
+            raise DedupOptionError(
+                NUM_BUCKETS,
+                str(options.num_buckets),
+                f"no value with expiryMode={mode} and {ASSUME_SAME_EXPIRY}=true (it buckets by "
+                "time; see bucketSpan)",
+            )
         span = _time_bucket_span(options, mode, period, stamp_kind)
         return span, max(1, math.ceil(period / span))
     if options.bucket_span is not None:
@@ -310,7 +318,7 @@ def _bucket_layout(
             options.bucket_span.text,
             f"no value with {setting} (it buckets by key hash; see numBuckets)",
         )
-    return None, options.num_buckets
+    return None, options.hash_buckets
 
 
 def _assume_same_expiry(options: DedupOptions, mode: Mode) -> bool:
