@@ -140,6 +140,25 @@ def test_delete_removes_in_bulk_and_ignores_missing_files(location: Remote) -> N
     assert fs.entries(fs.path("data")) == {}
 
 
+def test_names_with_glob_characters_are_names_not_patterns(location: Remote) -> None:
+    """A root may hold ``[``, ``*`` or ``?`` (``s3://bucket/team[a]/out``): deleting or
+    publishing such a name, or deleting such a folder, touches it alone, never the names its
+    pattern would match."""
+    fs = storage(location)
+    names = ["a[1]", "a1", "b*", "bc", "c?", "cd"]
+    for name in names:
+        fs.write(fs.path("data", name), name.encode())
+    fs.publish(fs.path("data", "b*"), fs.path("published", "b*"), 2)
+    assert set(fs.entries(fs.path("published"))) == {"b*"}
+    fs.delete([fs.path("data", name) for name in ("a[1]", "b*", "c?")])
+    assert set(fs.entries(fs.path("data"))) == {"a1", "bc", "cd"}
+    assert fs.read(fs.path("published", "b*")) == b"b*"
+    for folder in ("w[1]", "w1"):
+        fs.write(fs.path("staging", folder, "part"), b"x")
+    fs.delete_folder(fs.path("staging", "w[1]"))
+    assert fs.find(fs.path("staging")) == [fs.path("staging", "w1", "part")]
+
+
 def test_a_storage_travels_as_its_url_and_options(location: Remote) -> None:
     import pickle
 

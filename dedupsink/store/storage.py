@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import threading
 import time
 import uuid
@@ -69,6 +70,8 @@ SUPPORTED = (
 # multipart copy, which fs.copy does.
 _S3_SINGLE_COPY_LIMIT = 5 * 2**30
 _S3_DELETE_BATCH = 1000
+# What fsspec reads as a glob pattern in a path given to rm, copy or mv.
+_GLOB_CHARS = re.compile(r"[*?[]")
 _S3_CONFLICT_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds before each retry of a 409
 
 
@@ -411,12 +414,20 @@ class MemoryStorage(Storage):
                 raise FileExistsError(path)
             self.fs.pipe_file(path, data)
 
+    def delete_folder(self, folder: str) -> None:
+        if _GLOB_CHARS.search(folder):  # rm would read it as a pattern: its files by name
+            self.delete(self.find(folder))
+        else:
+            super().delete_folder(folder)
+
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         with _MEMORY_LOCK:
             if not self.fs.exists(source):
                 self._published_already(source, target, FileNotFoundError(source))
                 return
-            self.fs.mv(source, target)
+            # fs.mv reads '[', '*', '?' in a name as a pattern: copy and remove this file.
+            self.fs.cp_file(source, target)
+            self.fs.rm_file(source)
 
 
 class HdfsStorage(Storage):
@@ -459,15 +470,26 @@ class ObjectStorage(Storage):
 
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         try:
-            self.fs.copy(source, target)
+            self.fs.cp_file(source, target)  # fs.copy would read '[', '*', '?' as a pattern
         except FileNotFoundError as exc:
             self._published_already(source, target, exc)
 
     def delete(self, paths: Iterable[str]) -> None:
-        batch = list(paths)
+        # fs.rm(list) expands each path as a glob pattern: a name holding '[', '*' or '?' (from
+        # the root the user chose) would delete the names it matches. Those go one by one.
+        batch: list[str] = []
+        literal: list[str] = []
+        for path in paths:
+            (literal if _GLOB_CHARS.search(path) else batch).append(path)
         if batch:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(batch)
+        super().delete(literal)
+
+    def delete_folder(self, folder: str) -> None:
+        # A folder is a name prefix: deleting its files by name removes it (fs.rm would read
+        # '[', '*' or '?' in the prefix as a pattern), after the one listing rm makes too.
+        self.delete(self.find(folder))
 
     def discard_folder(self, folder: str, files: list[str]) -> None:
         # A folder is only a name prefix here: deleting the known files removes it, without
