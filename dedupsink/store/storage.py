@@ -18,6 +18,10 @@ interface (as Delta Lake's LogStore or pyiceberg's FileIO). Each operation state
   or two processes doing it at once, gives the same result.
 * ``delete(paths)``: remove files, in bulk where the filesystem can; missing files are fine.
 
+Every path is a name, never a pattern: fsspec's ``rm``, ``copy`` and ``mv`` expand ``[``, ``*``
+and ``?`` as globs, so a root holding them (``s3://bucket/team[a]/out``) goes through calls
+that do not (``rm_file``, ``cp_file``, S3's DeleteObjects).
+
 ============================  ==============================================  ================
 family                        conditional create                              publish
 ============================  ==============================================  ================
