@@ -304,8 +304,8 @@ def _bucket_layout(
             raise DedupOptionError(
                 NUM_BUCKETS,
                 str(options.num_buckets),
-                f"no value with expiryMode={mode} and {ASSUME_SAME_EXPIRY}=true (it buckets by "
-                "time; see bucketSpan)",
+                f"no value with expiryMode={mode} and {ASSUME_SAME_EXPIRY}=true (keys are "
+                f"bucketed by time, see bucketSpan; it applies with {ASSUME_SAME_EXPIRY}=false)",
             )
         span = _time_bucket_span(options, mode, period, stamp_kind)
         return span, max(1, math.ceil(period / span))
