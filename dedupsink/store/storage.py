@@ -71,7 +71,7 @@ SUPPORTED = (
     "a local path, file://, memory://, hdfs://, viewfs://, s3://, s3a://, gs://, abfs:// or az://"
 )
 # s3fs copies objects up to this size with one CopyObject request; larger ones need a
-# multipart copy, which fs.copy does.
+# multipart copy, which fs.cp_file does.
 _S3_SINGLE_COPY_LIMIT = 5 * 2**30
 _S3_DELETE_BATCH = 1000
 # What fsspec reads as a glob pattern in a path given to rm, copy or mv.
