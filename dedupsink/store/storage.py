@@ -112,6 +112,9 @@ class Storage(ABC):
     family: ClassVar[str] = ""
     protocols: ClassVar[tuple[str, ...]] = ()
     remote: ClassVar[bool] = True  # every call is a network request
+    # Whether fs.rm expands '[', '*' and '?' in a path as a glob (fsspec's own rm does; the
+    # local and HDFS filesystems' do not).
+    rm_reads_patterns: ClassVar[bool] = True
     _registry: ClassVar[list[type[Storage]]] = []
 
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str, options: dict[str, Any]):
@@ -294,6 +297,11 @@ class Storage(ABC):
                 self.fs.rm_file(path)
 
     def delete_folder(self, folder: str) -> None:
+        if self.rm_reads_patterns and _GLOB_CHARS.search(folder):
+            # rm would delete what the folder's name matches as a pattern: its files by name
+            # (an object store's folder goes with them; elsewhere it is left, empty).
+            self.delete(self.find(folder))
+            return
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(folder, recursive=True)
 
@@ -313,6 +321,7 @@ class LocalStorage(Storage):
 
     family = "local"
     remote = False
+    rm_reads_patterns = False
 
     @classmethod
     def handles(cls, fs_class: type) -> bool:
@@ -418,12 +427,6 @@ class MemoryStorage(Storage):
                 raise FileExistsError(path)
             self.fs.pipe_file(path, data)
 
-    def delete_folder(self, folder: str) -> None:
-        if _GLOB_CHARS.search(folder):  # rm would read it as a pattern: its files by name
-            self.delete(self.find(folder))
-        else:
-            super().delete_folder(folder)
-
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         with _MEMORY_LOCK:
             if not self.fs.exists(source):
@@ -438,6 +441,7 @@ class HdfsStorage(Storage):
     """HDFS through hdfs-native: renames are atomic and refuse an existing target."""
 
     family = "hdfs"
+    rm_reads_patterns = False
     protocols = ("hdfs", "viewfs")
 
     def create(self, path: str, data: bytes) -> None:
@@ -489,11 +493,6 @@ class ObjectStorage(Storage):
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(batch)
         super().delete(literal)
-
-    def delete_folder(self, folder: str) -> None:
-        # A folder is a name prefix: deleting its files by name removes it (fs.rm would read
-        # '[', '*' or '?' in the prefix as a pattern), after the one listing rm makes too.
-        self.delete(self.find(folder))
 
     def discard_folder(self, folder: str, files: list[str]) -> None:
         # A folder is only a name prefix here: deleting the known files removes it, without
