@@ -22,11 +22,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow.dataset as ds
 import pytest
 from reference import ReferenceDedup
 
 from dedupsink.cli.inspect import locate, report
+from dedupsink.cli.run import remove_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 PORTS = ("unique", "duplicate", "expired", "error")
@@ -394,3 +396,15 @@ def test_the_cli_refuses_a_schema_spark_refuses(spark: Any, text: str) -> None:
         DataType.fromDDL(text)
     with pytest.raises(ConfigError):
         parse_schema(text)
+
+
+def test_a_fresh_checkpoint_is_removed_by_its_name_not_as_a_pattern() -> None:
+    """``dedupsink run`` removes the checkpoint it made under the output; an output whose name
+    holds ``[`` must not lose a neighbour its pattern matches (``out1`` for ``out[1]``)."""
+    fs = fsspec.filesystem("memory")
+    root = f"cli-{os.getpid()}"
+    for output in ("out[1]", "out1"):
+        fs.pipe_file(f"/{root}/{output}/_checkpoints/run-1/offsets/0", b"v1")
+    remove_checkpoint(f"memory://{root}/out[1]/_checkpoints/run-1", {})
+    assert fs.find(f"/{root}") == [f"/{root}/out1/_checkpoints/run-1/offsets/0"]
+    fs.rm(f"/{root}", recursive=True)

@@ -43,6 +43,7 @@ from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import release
 from dedupsink.store.records import WindowRecord
+from dedupsink.store.storage import Storage
 from dedupsink.store.storage import parent as storage_parent
 from dedupsink.store.store import BucketStore
 
@@ -270,16 +271,14 @@ def checkpoint_for(job: PreparedJob) -> tuple[str, bool]:
     return join_url(job.options.path, CHECKPOINTS_DIR, name), True
 
 
-def remove_checkpoint(url: str) -> None:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    with suppress(FileNotFoundError):
-        fs.rm(root, recursive=True)
-    parent = storage_parent(root)
+def remove_checkpoint(url: str, storage_options: dict[str, object]) -> None:
+    """Remove a fresh checkpoint, then the folder of checkpoints if that leaves it empty."""
+    storage = Storage.for_url(url, storage_options)
+    storage.delete_folder(storage.root)  # its name taken literally, with the output's options
+    parent = storage_parent(storage.root)
     with suppress(FileNotFoundError, OSError):
-        if not fs.ls(parent, detail=False):
-            fs.rmdir(parent)
+        if not storage.fs.ls(parent, detail=False):
+            storage.fs.rmdir(parent)
 
 
 def release_lease(store: BucketStore, query_id: str) -> bool:
@@ -378,7 +377,7 @@ def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
         outcome.seconds = time.monotonic() - started
         released = release_lease(job.store, outcome.query_id)
         if fresh:
-            remove_checkpoint(checkpoint)
+            remove_checkpoint(checkpoint, job.options.storage_options)
     for line in summary(job, outcome, released):
         print(line, file=out)
     return 130 if outcome.interrupted else 0

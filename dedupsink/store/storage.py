@@ -298,8 +298,9 @@ class Storage(ABC):
 
     def delete_folder(self, folder: str) -> None:
         if self.rm_reads_patterns and _GLOB_CHARS.search(folder):
-            # rm would delete what the folder's name matches as a pattern: its files by name
-            # (an object store's folder goes with them; elsewhere it is left, empty).
+            # rm would delete what the folder's name matches as a pattern: its files by name.
+            # A flat object store's folder goes with them; memory:// and a hierarchical
+            # namespace (ADLS Gen2) keep it, empty.
             self.delete(self.find(folder))
             return
         with contextlib.suppress(FileNotFoundError):
