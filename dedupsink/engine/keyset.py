@@ -104,8 +104,8 @@ class KeySet:
         h1 = np.concatenate(lanes[0])
         order = np.argsort(h1, kind="stable")
         h1 = h1[order]
-        h2, *stamps_lane = (np.concatenate(pair)[order] for pair in lanes[1:])
-        stamps = stamps_lane[0] if stamps_lane else None
+        rest = [np.concatenate(pair)[order] for pair in lanes[1:]]
+        h2, stamps = rest[0], (rest[1] if len(rest) == 2 else None)
         repeated = h1[1:] == h1[:-1]
         if repeated.any():
             return KeySet._settle_repeats(h1, h2, stamps, repeated)

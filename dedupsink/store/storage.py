@@ -296,8 +296,12 @@ class Storage(ABC):
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(path)
 
+    def _reads_as_pattern(self, path: str) -> bool:
+        """Whether ``fs.rm`` would expand ``path`` as a glob instead of taking it as a name."""
+        return self.rm_reads_patterns and _GLOB_CHARS.search(path) is not None
+
     def delete_folder(self, folder: str) -> None:
-        if self.rm_reads_patterns and _GLOB_CHARS.search(folder):
+        if self._reads_as_pattern(folder):
             # rm would delete what the folder's name matches as a pattern: its files by name.
             # A flat object store's folder goes with them; memory:// and a hierarchical
             # namespace (ADLS Gen2) keep it, empty.
@@ -489,7 +493,7 @@ class ObjectStorage(Storage):
         batch: list[str] = []
         literal: list[str] = []
         for path in paths:
-            (literal if _GLOB_CHARS.search(path) else batch).append(path)
+            (literal if self._reads_as_pattern(path) else batch).append(path)
         if batch:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(batch)
