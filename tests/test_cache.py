@@ -341,6 +341,43 @@ def test_a_bucket_fed_a_few_keys_a_window_keeps_them_in_runs_of_geometric_sizes(
     assert entry.added([], frozenset({("f", 8)}), None).segments == frozenset({("f", 8)})
 
 
+def test_a_bulk_grown_to_the_seal_size_is_sealed_and_left_once_all_its_keys_expire(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bulk that reaches ``SEAL_AT`` keys is sealed: no later merge takes it in, so none
+    rewrites more than about that many keys however many arrive; every key stays found; a
+    sealed part leaves the bucket once its every key is at or below the expiry point, and not
+    before (a part still holding one live key stays, its expired keys unanswered)."""
+    monkeypatch.setattr(cache_module, "SEAL_AT", 2_000)
+    merged_sizes: list[int] = []
+    merge = KeySet.merge
+
+    def recording_merge(self: KeySet, other: KeySet) -> KeySet:
+        result = merge(self, other)
+        merged_sizes.append(len(result))
+        return result
+
+    monkeypatch.setattr(KeySet, "merge", recording_merge)
+    entry = CachedBucket(KeySet.empty(np.dtype(np.int64)))
+    for window in range(300):  # 30 keys a window, each stamped with its window
+        part = np.arange(window * 30, window * 30 + 30, dtype=np.uint64) + 1
+        entry = entry.added([KeySet.build(part, part, np.full(30, window))], frozenset(), None)
+    assert len(entry.sealed) >= 3 and all(len(part) >= 2_000 for part in entry.sealed)
+    assert max(merged_sizes) < 2_000 + 2_000 // 4, "a sealed part is never merged again"
+    everything = np.arange(1, 9_001, dtype=np.uint64)
+    assert len(entry) == 9_000
+    assert entry.contains(Fingerprints(everything, everything), None).all()
+
+    oldest = entry.sealed[0]
+    assert oldest.highest_stamp is not None
+    kept = entry.added([], frozenset(), oldest.highest_stamp - 1)
+    assert kept.sealed[0] is oldest, "a part with a live key stays"
+    first_keys = Fingerprints(oldest.h1[:1], oldest.h2[:1])  # stamped 0: expired, unanswered
+    assert not kept.contains(first_keys, oldest.highest_stamp - 1).any()
+    left = entry.added([], frozenset(), oldest.highest_stamp)
+    assert left.sealed == entry.sealed[1:] and len(left) == 9_000 - len(oldest)
+
+
 def random_keys(rng: np.random.Generator, n: int, stamp: int) -> KeySet:
     lanes = (rng.integers(0, 2**64 - 1, n, dtype=np.uint64) for _ in range(2))
     return KeySet.build(*lanes, np.full(n, stamp, np.int64))

@@ -82,6 +82,10 @@ class KeySet:
         return len(self.h1)
 
     @property
+    def stamp_dtype(self) -> np.dtype | None:
+        return None if self.stamps is None else self.stamps.dtype
+
+    @property
     def nbytes(self) -> int:
         stamps = 0 if self.stamps is None else self.stamps.nbytes
         return self.h1.nbytes + self.h2.nbytes + stamps
@@ -193,6 +197,18 @@ class KeySet:
         if self.stamps is None or len(self.stamps) == 0:
             return None
         return float(self.stamps.min())
+
+    @cached_property
+    def highest_stamp(self) -> float | None:
+        """The largest stamp here (None without stamps, or empty)."""
+        if self.stamps is None or len(self.stamps) == 0:
+            return None
+        return float(self.stamps.max())
+
+    def forgotten_by(self, forget_at_or_below: float) -> bool:
+        """Whether every key here is at or below the expiry point (so none is remembered)."""
+        highest = self.highest_stamp
+        return highest is not None and highest <= forget_at_or_below
 
     def _may_hold_expired(self, forget_at_or_below: float) -> bool:
         """Whether a stamp here may be at or below the expiry point. Most sets hold none, and
