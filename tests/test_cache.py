@@ -341,13 +341,13 @@ def test_a_bucket_fed_a_few_keys_a_window_keeps_them_in_runs_of_geometric_sizes(
     assert entry.added([], frozenset({("f", 8)}), None).segments == frozenset({("f", 8)})
 
 
-def test_a_bulk_grown_to_the_seal_size_is_sealed_and_left_once_all_its_keys_expire(
+def test_a_bulk_grown_to_the_seal_size_is_sealed_and_sheds_its_expired_keys(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A bulk that reaches ``SEAL_AT`` keys is sealed: no later merge takes it in, so none
-    rewrites more than about that many keys however many arrive; every key stays found; a
-    sealed part leaves the bucket once its every key is at or below the expiry point, and not
-    before (a part still holding one live key stays, its expired keys unanswered)."""
+    rewrites more than about that many keys however many arrive; every key stays found. A
+    sealed part is kept as it is while fewer than an eighth of its keys are expired, filtered
+    down to its live keys from an eighth on, and left out once all are expired."""
     monkeypatch.setattr(cache_module, "SEAL_AT", 2_000)
     merged_sizes: list[int] = []
     merge = KeySet.merge
@@ -369,11 +369,13 @@ def test_a_bulk_grown_to_the_seal_size_is_sealed_and_left_once_all_its_keys_expi
     assert entry.contains(Fingerprints(everything, everything), None).all()
 
     oldest = entry.sealed[0]
-    assert oldest.highest_stamp is not None
-    kept = entry.added([], frozenset(), oldest.highest_stamp - 1)
-    assert kept.sealed[0] is oldest, "a part with a live key stays"
-    first_keys = Fingerprints(oldest.h1[:1], oldest.h2[:1])  # stamped 0: expired, unanswered
-    assert not kept.contains(first_keys, oldest.highest_stamp - 1).any()
+    assert oldest.stamps is not None and oldest.highest_stamp is not None
+    first_window = float(oldest.stamps.min())  # 30 keys of about 2,000: under an eighth
+    assert entry.added([], frozenset(), first_window).sealed[0] is oldest
+    middle = float(np.median(oldest.stamps))
+    shed = entry.added([], frozenset(), middle).sealed[0]
+    assert shed.stamps is not None and len(shed) == int((oldest.stamps > middle).sum())
+    assert (shed.stamps > middle).all() and len(shed) < len(oldest)
     left = entry.added([], frozenset(), oldest.highest_stamp)
     assert left.sealed == entry.sealed[1:] and len(left) == 9_000 - len(oldest)
 

@@ -210,6 +210,20 @@ class KeySet:
         highest = self.highest_stamp
         return highest is not None and highest <= forget_at_or_below
 
+    def an_eighth_expired(self, forget_at_or_below: float) -> bool:
+        """Whether about an eighth of the keys here, or more, are at or below the expiry point."""
+        lowest = self.lowest_stamp
+        if lowest is None or lowest > forget_at_or_below:
+            return False  # none expired: the rank's pass is spared
+        return self._eighth_stamp <= forget_at_or_below
+
+    @cached_property
+    def _eighth_stamp(self) -> float:
+        """The stamp an eighth of the way up (one pass over the stamps, once a set)."""
+        assert self.stamps is not None  # only asked once lowest_stamp found stamps
+        rank = len(self) // 8
+        return float(np.partition(self.stamps, rank)[rank])
+
     def _may_hold_expired(self, forget_at_or_below: float) -> bool:
         """Whether a stamp here may be at or below the expiry point. Most sets hold none, and
         skipping the stamp check spares three array passes a lookup."""

@@ -63,7 +63,8 @@ class CachedBucket:
     themselves and a few runs' sizes, not to the whole bucket. A bulk that reaches ``SEAL_AT``
     keys is sealed: never merged again, so no merge rewrites more than about that many keys
     however large the bucket grows (a hash bucket of a day's keys, rewritten whole, cost a
-    window tens of milliseconds), and it leaves once its every key has expired. (The manager's
+    window tens of milliseconds); it sheds its expired keys once they are an eighth of it, and
+    leaves once all have expired (``_alive_sealed``). (The manager's
     ``BucketsFilter`` turns away most queries of a large bucket before they reach these
     searches.)"""
 
@@ -112,9 +113,7 @@ class CachedBucket:
         self, parts: list[KeySet], segments: frozenset[tuple[str, int]], forget: float | None
     ) -> CachedBucket:
         added = sum(len(part) for part in parts)
-        sealed = self.sealed
-        if forget is not None:
-            sealed = tuple(part for part in sealed if not part.forgotten_by(forget))
+        sealed = self.sealed if forget is None else _alive_sealed(self.sealed, forget)
         if not added:
             return CachedBucket(self.keys, segments, self.recent, sealed)
         new = parts[0]
@@ -149,6 +148,20 @@ class CachedBucket:
         for part in (*self.sealed, *self.recent):
             keys = keys.merge(part)
         return keys
+
+
+def _alive_sealed(sealed: tuple[KeySet, ...], forget: float) -> tuple[KeySet, ...]:
+    """Sealed parts without their expired keys: a part whose every key expired leaves, and one
+    whose expired keys reach an eighth of it is filtered (about what a bulk held, rebuilt at
+    each fold of its largest run, an eighth to a quarter of it). A sealed part spans hours of a
+    day's keys, so kept whole until its last key expired, it held up to half a period of dead
+    keys: a 20,000-row stream's second day outgrew a cache sized for one period and thrashed."""
+    alive: list[KeySet] = []
+    for part in sealed:
+        if part.forgotten_by(forget):
+            continue
+        alive.append(part.alive(forget) if part.an_eighth_expired(forget) else part)
+    return tuple(alive)
 
 
 # A bucket's bulk is sealed from this many keys (see ``CachedBucket``): merges up to about this
