@@ -64,9 +64,8 @@ class CachedBucket:
     keys is sealed: never merged again, so no merge rewrites more than about that many keys
     however large the bucket grows (a hash bucket of a day's keys, rewritten whole, cost a
     window tens of milliseconds); it sheds its expired keys once they are an eighth of it, and
-    leaves once all have expired (``_alive_sealed``). (The manager's
-    ``BucketsFilter`` turns away most queries of a large bucket before they reach these
-    searches.)"""
+    leaves once all have expired (``_alive_sealed``). (The manager's ``BucketsFilter`` turns
+    away most queries of a large bucket before they reach these searches.)"""
 
     keys: KeySet
     segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
