@@ -369,14 +369,14 @@ def test_a_bulk_grown_to_the_seal_size_is_sealed_and_sheds_its_expired_keys(
     assert entry.contains(Fingerprints(everything, everything), None).all()
 
     oldest = entry.sealed[0]
-    assert oldest.stamps is not None and oldest.highest_stamp is not None
+    assert oldest.stamps is not None
     first_window = float(oldest.stamps.min())  # 30 keys of about 2,000: under an eighth
     assert entry.added([], frozenset(), first_window).sealed[0] is oldest
     middle = float(np.median(oldest.stamps))
     shed = entry.added([], frozenset(), middle).sealed[0]
     assert shed.stamps is not None and len(shed) == int((oldest.stamps > middle).sum())
     assert (shed.stamps > middle).all() and len(shed) < len(oldest)
-    left = entry.added([], frozenset(), oldest.highest_stamp)
+    left = entry.added([], frozenset(), float(oldest.stamps.max()))
     assert left.sealed == entry.sealed[1:] and len(left) == 9_000 - len(oldest)
 
 

@@ -198,18 +198,6 @@ class KeySet:
             return None
         return float(self.stamps.min())
 
-    @cached_property
-    def highest_stamp(self) -> float | None:
-        """The largest stamp here (None without stamps, or empty)."""
-        if self.stamps is None or len(self.stamps) == 0:
-            return None
-        return float(self.stamps.max())
-
-    def forgotten_by(self, forget_at_or_below: float) -> bool:
-        """Whether every key here is at or below the expiry point (so none is remembered)."""
-        highest = self.highest_stamp
-        return highest is not None and highest <= forget_at_or_below
-
     def an_eighth_expired(self, forget_at_or_below: float) -> bool:
         """Whether about an eighth of the keys here, or more, are at or below the expiry point."""
         lowest = self.lowest_stamp

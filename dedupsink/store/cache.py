@@ -155,12 +155,8 @@ def _alive_sealed(sealed: tuple[KeySet, ...], forget: float) -> tuple[KeySet, ..
     each fold of its largest run, an eighth to a quarter of it). A sealed part spans hours of a
     day's keys, so kept whole until its last key expired, it held up to half a period of dead
     keys: a 20,000-row stream's second day outgrew a cache sized for one period and thrashed."""
-    alive: list[KeySet] = []
-    for part in sealed:
-        if part.forgotten_by(forget):
-            continue
-        alive.append(part.alive(forget) if part.an_eighth_expired(forget) else part)
-    return tuple(alive)
+    shed = (part.alive(forget) if part.an_eighth_expired(forget) else part for part in sealed)
+    return tuple(part for part in shed if len(part))
 
 
 # A bucket's bulk is sealed from this many keys (see ``CachedBucket``): merges up to about this
