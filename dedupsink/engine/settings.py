@@ -114,7 +114,7 @@ class Settings:
     @property
     def final_stamps(self) -> bool:
         """Whether every stamp is final as written (tupleTime, ordered): a segment's index
-        entry can then give its stamps' range."""
+        entry can then give its stamps' lower quartile."""
         return self.stores_stamps and not self.provisional_stamps
 
     def expiry_point(self, latest: float | None) -> float | None:

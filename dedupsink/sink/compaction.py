@@ -197,13 +197,13 @@ def write_window_file(
     keys = _with_decoded_folds(new, [(f.bucket, f.keys) for f in folds if f.keys is not None])
     byte_folds = [(fold, fold.raw) for fold in folds if fold.raw is not None]
     joining = np.isin(keys.buckets, [fold.bucket for fold, _ in byte_folds])
-    ranged = context.settings.final_stamps
-    data, segments = _encode(keys, ~joining, name, ranged)
+    final = context.settings.final_stamps
+    data, segments = _encode(keys, ~joining, name, final)
     chunks: list[bytes | memoryview] = [data]
     nbytes, count = len(data), len(keys.h1) - int(joining.sum())
     file_max = _known_max(keys.stamps, context.settings)
     # The new keys of buckets folded as bytes join their folds, as segments of their own.
-    joined, joined_segments = _encode(keys, joining, name, ranged)
+    joined, joined_segments = _encode(keys, joining, name, final)
     dtype = stamp_dtype(context.settings)
     each_key = not context.settings.buckets_by_time  # a hash bucket's segments mix old and new
     for fold, raw in byte_folds:
@@ -215,7 +215,7 @@ def write_window_file(
             parts.insert(0, own)
             paths.insert(0, store.data_url(name))
         pieces, segment, top = concat_segments(
-            raws, parts, dtype, paths, name, nbytes, context.expiry_point, each_key, ranged
+            raws, parts, dtype, paths, name, nbytes, context.expiry_point, each_key, final
         )
         if segment is None:
             continue  # every folded key is expired: the folded segments just leave the index
@@ -263,13 +263,15 @@ def _with_decoded_folds(new: NewKeys, folds: list[tuple[int, DecodedSegment]]) -
 
 
 def _encode(
-    keys: NewKeys, rows: np.ndarray, name: str, ranged: bool
+    keys: NewKeys, rows: np.ndarray, name: str, final_stamps: bool
 ) -> tuple[bytes | memoryview, dict[int, Segment]]:
     """The keys at ``rows`` laid out bucket after bucket (see ``encode_segments``)."""
     if rows.all():
-        return encode_segments(keys.buckets, keys.h1, keys.h2, keys.stamps, name, ranged)
+        return encode_segments(keys.buckets, keys.h1, keys.h2, keys.stamps, name, final_stamps)
     stamps = None if keys.stamps is None else keys.stamps[rows]
-    return encode_segments(keys.buckets[rows], keys.h1[rows], keys.h2[rows], stamps, name, ranged)
+    return encode_segments(
+        keys.buckets[rows], keys.h1[rows], keys.h2[rows], stamps, name, final_stamps
+    )
 
 
 def _known_max(stamps: np.ndarray | None, settings: Settings) -> float | None:

@@ -263,12 +263,11 @@ def encode_segments(
     h2: np.ndarray,
     stamps: np.ndarray | None,
     file_name: str,
-    ranged: bool = False,
+    final_stamps: bool = False,
 ) -> tuple[bytes | memoryview, dict[int, Segment]]:
     """Lay out new keys bucket after bucket; returns the file bytes and each bucket's segment.
-    ``ranged``: the stamps are final, and each segment's entry gives their lower quartile (a
-    window's keys are stamped within a short span: the point a quarter of the way up their
-    range stands for it).
+    With ``final_stamps`` each segment's entry gives their lower quartile (a window's keys are
+    stamped within a short span: the point a quarter of the way up their range stands for it).
 
     The file is filled in place, lane by lane: no per-bucket copies joined twice, which
     made writing a large window's keys hold four copies of them at once."""
@@ -287,7 +286,7 @@ def encode_segments(
         for _, start, end in groups.spans:
             at = head + width * start + 8 * (end - start) * lane_number
             out[at : at + 8 * (end - start)].view(little)[:] = values[start:end]
-        if ranged and lane_number == 2:
+        if final_stamps and lane_number == 2:
             quarters = _range_quarters(values, groups.spans)
     view = out.data
     segments: dict[int, Segment] = {}
@@ -305,7 +304,8 @@ def _range_quarters(stamps: np.ndarray, spans: list[tuple[int, int, int]]) -> li
     lows = np.minimum.reduceat(stamps, starts)
     highs = np.maximum.reduceat(stamps, starts)
     widths = highs - lows
-    return (lows + (widths // 4 if stamps.dtype.kind in "iu" else widths / 4)).tolist()  # type: ignore[no-any-return]
+    quarters = lows + (widths // 4 if stamps.dtype.kind in "iu" else widths / 4)
+    return quarters.tolist()  # type: ignore[no-any-return]
 
 
 def check_segment(
@@ -350,7 +350,7 @@ def concat_segments(
     offset: int,
     forget_at_or_below: float | None = None,
     each_key: bool = False,
-    ranged: bool = False,
+    final_stamps: bool = False,
 ) -> tuple[list[memoryview], Segment | None, float | None]:
     """Several checked segments as one, without sorting: the ``h1`` lanes back to back, then
     the ``h2`` lanes, then the stamps. Segments whose every stamp is at or below
@@ -358,8 +358,8 @@ def concat_segments(
     such keys of the other segments (a hash bucket's segments mix old and new keys; a time
     bucket's are dropped whole). Returns the new segment's byte chunks (views of ``raws``
     where no key was left out), its index entry at ``offset`` in ``file_name`` (None if
-    nothing is left), and its largest stamp. ``ranged``: the stamps are final, and the entry
-    gives their lower quartile (``_sampled_quarter``)."""
+    nothing is left), and its largest stamp. With ``final_stamps`` the entry gives the kept
+    stamps' lower quartile (``_sampled_quarter``)."""
     for raw, segment, path in zip(raws, segments, paths, strict=True):
         check_segment(raw, segment, stamp_dtype, path)
     width = 2 + (stamp_dtype is not None)
@@ -391,7 +391,7 @@ def concat_segments(
     crc = 0
     for chunk in chunks:
         crc = zlib.crc32(chunk, crc)
-    quarter = _sampled_quarter(kept_stamps, count) if ranged and kept_stamps else None
+    quarter = _sampled_quarter(kept_stamps, count) if final_stamps and kept_stamps else None
     return chunks, Segment(file_name, offset, 8 * count * width, count, crc, quarter), top
 
 
