@@ -17,7 +17,6 @@ import errno
 import random
 import re
 import shutil
-import struct
 import threading
 import time
 import uuid
@@ -30,7 +29,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import fsspec
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -728,95 +726,6 @@ def test_concatenation_leaves_out_segments_whose_keys_all_expired() -> None:
     assert decoded.h1.tolist() == [11, 20, 21]
 
 
-@pytest.mark.parametrize("dtype", [np.int64, np.float64])
-def test_segments_give_their_stamps_lower_quartile_where_stamps_are_final(dtype: type) -> None:
-    stamps = np.array([10, 30, 20, 7, 1000, 5], dtype=dtype)
-    buckets = np.array([0, 0, 0, 1, 1, 2], np.int64)
-    h = np.arange(6, dtype=np.uint64)
-    _, final = encode_segments(buckets, h, h, stamps, "f", final_stamps=True)
-    # A quarter of the way up each bucket's range: 10..30, 7..1000 and 5.
-    quarters = {b: s.quarter for b, s in final.items()}
-    assert quarters == {0: 15, 1: 255 if dtype is np.int64 else 255.25, 2: 5}
-    _, plain = encode_segments(buckets, h, h, stamps, "f")
-    assert all(s.quarter is None for s in plain.values())
-
-
-def test_a_fold_gives_the_lower_quartile_of_the_keys_it_keeps() -> None:
-    parts = []
-    for name, stamps in (("a", [10, 20, 30]), ("b", [100, 110]), ("c", [40, 50, 60, 70, 80])):
-        h = np.arange(len(stamps), dtype=np.uint64) + np.uint64(10 * len(parts))
-        data, segments = encode_segments(
-            np.zeros(len(stamps), np.int64),
-            h,
-            h,
-            np.array(stamps, np.int64),
-            name,
-            final_stamps=True,
-        )
-        parts.append((data[segments[0].offset :], segments[0]))
-    raws, segments = [r for r, _ in parts], [s for _, s in parts]
-    dtype = np.dtype(np.int64)
-    # Ten stamps 10..110: the third smallest (rank 10 // 4) is 30.
-    _, folded, _ = concat_segments(
-        raws, segments, dtype, ["a", "b", "c"], "g", 8, final_stamps=True
-    )
-    assert folded is not None and folded.quarter == 30
-    # Keys at or below 45 leave (all of a's): of 50, 60, 70, 80, 100, 110 the second is 60.
-    _, folded, _ = concat_segments(
-        raws, segments, dtype, ["a", "b", "c"], "g", 8, 45, each_key=True, final_stamps=True
-    )
-    assert folded is not None and folded.count == 6 and folded.quarter == 60
-    _, unranged, _ = concat_segments(raws, segments, dtype, ["a", "b", "c"], "g", 8)
-    assert unranged is not None and unranged.quarter is None
-
-
-def test_a_large_fold_reads_its_quartile_from_a_sample_of_its_stamps() -> None:
-    """100,000 keys in two segments of unlike sizes, stamps 0..99,999 shuffled: the quartile
-    of about 1,024 of them lands within 2,000 (2% of the range) of the exact 25,000."""
-    rng = np.random.default_rng(11)
-    stamps = rng.permutation(100_000).astype(np.int64)
-    parts = []
-    for name, chunk in (("a", stamps[:70_000]), ("b", stamps[70_000:])):
-        h = np.arange(len(chunk), dtype=np.uint64)
-        data, segments = encode_segments(
-            np.zeros(len(chunk), np.int64), h, h, chunk, name, final_stamps=True
-        )
-        parts.append((data[segments[0].offset :], segments[0]))
-    raws, segments = [r for r, _ in parts], [s for _, s in parts]
-    _, folded, _ = concat_segments(
-        raws, segments, np.dtype(np.int64), ["a", "b"], "g", 8, final_stamps=True
-    )
-    assert folded is not None and folded.quarter is not None
-    assert abs(folded.quarter - 25_000) <= 2_000
-
-
-def test_a_partly_expired_segment_is_folded_even_in_a_bucket_of_few_segments() -> None:
-    segments = [
-        Segment("old", 8, 48, 2, 0, quarter=40),
-        Segment("new", 8, 24, 1, 0, quarter=95),
-    ]
-    assert compaction_module._hash_fold(segments, 39) == []
-    assert compaction_module._hash_fold(segments, 40) == segments[:1]
-    assert compaction_module._hash_fold(segments, None) == []
-    unknown = [segment._replace(quarter=None) for segment in segments]
-    assert compaction_module._hash_fold(unknown, 1000) == []
-
-
-def test_a_manifest_of_format_2_reads_with_segments_of_unknown_stamps(root: str) -> None:
-    plan = make_plan(root)
-    manifest = plan.store.open(plan.settings)
-    manifest.buckets = {3: [Segment("f", 8, 48, 2, 7, 5)]}
-    record = msgpack.unpackb(manifest.to_bytes()[16:], raw=False, strict_map_key=False)
-    assert record["format"] == 3
-    record["format"] = 2
-    record["buckets"] = {3: [["f", 8, 48, 2, 7]]}
-    payload = msgpack.packb(record, use_bin_type=True)
-    data = struct.pack("<4sIQ", b"DSM1", zlib.crc32(payload), len(payload)) + payload
-    older = Manifest.from_bytes(data, "m")
-    assert older.buckets == {3: [Segment("f", 8, 48, 2, 7)]}
-    assert older.buckets[3][0].quarter is None and older.format == 3
-
-
 def test_concatenating_a_damaged_segment_is_refused() -> None:
     h = np.arange(4, dtype=np.uint64)
     data, segments = encode_segments(np.zeros(4, np.int64), h, h, None, "f")
@@ -994,28 +903,6 @@ def test_first_copies_in_two_partitions_are_remembered_with_the_unique_rows_valu
     # E = 2: the unique row's value 0 is at or below it (the other copy's 5 is not).
     assert run_window(plan, 2, [rows([1], [13])]).counts.unique == 1
     assert id_n_rows(output)["unique"] == Counter({(1, 0): 1, (9, 12): 1, (1, 13): 1})
-
-
-def test_a_hash_bucket_store_keeps_little_more_than_a_period_of_keys(tmp_path: Path) -> None:
-    """Own-time keys mix in hash buckets' segments, so window files rarely expire whole: a
-    segment whose lower quartile has reached the expiry point is folded without its expired
-    keys. From the second period on the store's keys stay within 30% of the live ones (kept
-    until their files expired, segments held up to 62% more on this stream)."""
-    plan = make_plan(str(tmp_path / "out"), **{**OWN_TIME, "expiryPeriod": "200"}, numBuckets="4")
-    reference = ReferenceDedup("ordered", 200)
-    ratios = []
-    for batch_id, window in enumerate(later_resends(3, 120)):
-        report = run_window(plan, batch_id, [rows([k for k, _ in window], [n for _, n in window])])
-        dicts = [{"id": k, "n": n} for k, n in window]
-        reference.window(dicts, lambda r: r["id"], lambda r: r["n"])
-        if batch_id >= 40:  # two periods in: keys have been expiring for a period
-            point = reference.latest - 200  # type: ignore[operator]
-            alive = sum(v is not None and v > point for v in reference.remembered.values())
-            ratios.append(report.remembered / alive)
-    assert max(ratios) <= 1.3, max(ratios)
-    manifest = plan.store.read()
-    assert manifest is not None
-    assert all(s.quarter is not None for segments in manifest.buckets.values() for s in segments)
 
 
 @pytest.mark.parametrize(

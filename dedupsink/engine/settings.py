@@ -111,12 +111,6 @@ class Settings:
         placeholder for the file's window time)."""
         return self.mode in ("categorical", "systemTime")
 
-    @property
-    def final_stamps(self) -> bool:
-        """Whether every stamp is final as written (tupleTime, ordered): a segment's index
-        entry can then give its stamps' lower quartile."""
-        return self.stores_stamps and not self.provisional_stamps
-
     def expiry_point(self, latest: float | None) -> float | None:
         """``E = L - expiryPeriod``: rows at or below it are expired, keys forgotten."""
         return expiry_point_of(latest, self.period, self.expiry_type)

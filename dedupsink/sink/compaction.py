@@ -12,11 +12,7 @@ the commit replaces the folded segments with it (``nextversion.apply_compaction`
 * **Hash buckets** (the other modes) receive keys every window, so only their small segments
   are folded (``tiered_fold``): segment sizes grow geometrically and each key is rewritten a
   logarithmic number of times. The window's own new keys for the bucket join the fold, as a
-  file holds one segment per bucket. Their segments mix keys of many windows, so a window
-  file is rarely dropped whole when its keys expire: where stamps are final (tupleTime and
-  ordered), a segment whose lower quartile has reached the expiry point is folded too
-  (``partly_expired``), without its expired keys, so the store keeps little more than one
-  expiry period of keys (kept until their files expired, it held up to 1.5-1.8 periods).
+  file holds one segment per bucket.
 
 Either way a fold concatenates the segments lane by lane and sorts nothing (readers sort, and
 keep a key's largest stamp if a bucket holds it twice: a forgotten key seen again). Where
@@ -87,24 +83,20 @@ def choose_folds(
         key=lambda b: -len(manifest.buckets[b]),
     )
     by_time = context.settings.buckets_by_time
-    point = context.expiry_point
     if by_time:
         hot = {
             b for wf in manifest.files.values() if wf.window == manifest.version for b in wf.buckets
         }
         hot.update(np.unique(new.buckets).tolist())  # a bucket keeps one segment per file
         crowded = [b for b in crowded if b not in hot]
-    elif point is not None and context.settings.final_stamps:
-        listed = set(crowded)
-        crowded += [b for b in _expiring_buckets(manifest, point) if b not in listed]
     folds: list[Fold] = []
     for bucket in crowded:
         if len(folds) == COMPACT_BUCKETS_PER_WINDOW:
             break
         segments = sorted(manifest.buckets[bucket], key=lambda s: s.count)
         if not by_time:
-            segments = _hash_fold(segments, point)
-        if len(segments) < 2 and not (segments and partly_expired(segments[0], point)):
+            segments = tiered_fold(segments)
+        if len(segments) < 2:
             continue
         if context.settings.provisional_stamps:
             keys = _alive(manager.read_segments(segments), context.expiry_point)
@@ -112,32 +104,6 @@ def choose_folds(
         else:
             folds.append(Fold(bucket, segments, manager.store.fetch(segments)))
     return folds
-
-
-def partly_expired(segment: Segment, point: float | None) -> bool:
-    """Whether about a quarter of a segment's keys, or more, are at or below the expiry point."""
-    return point is not None and segment.quarter is not None and segment.quarter <= point
-
-
-def _expiring_buckets(manifest: Manifest, point: float) -> list[int]:
-    """Hash buckets holding a partly expired segment, most keys first. (Every window looks
-    through every segment: the test is inlined.)"""
-    found = {
-        bucket: sum(s.count for s in segments)
-        for bucket, segments in manifest.buckets.items()
-        if any(s.quarter is not None and s.quarter <= point for s in segments)
-    }
-    return sorted(found, key=lambda bucket: -found[bucket])
-
-
-def _hash_fold(segments: list[Segment], point: float | None) -> list[Segment]:
-    """Of a hash bucket's segments, smallest first, those to fold: the small ones that
-    ``tiered_fold`` picks once the bucket has more than ``COMPACT_ABOVE_SEGMENTS``, and every
-    partly expired one (alone, it is rewritten without its expired keys)."""
-    tiered = tiered_fold(segments) if len(segments) > COMPACT_ABOVE_SEGMENTS else []
-    chosen = {s.ident for s in tiered}
-    chosen.update(s.ident for s in segments if partly_expired(s, point))
-    return [s for s in segments if s.ident in chosen]
 
 
 def _alive(keys: DecodedSegment, forget_at_or_below: float | None) -> DecodedSegment:
@@ -197,13 +163,12 @@ def write_window_file(
     keys = _with_decoded_folds(new, [(f.bucket, f.keys) for f in folds if f.keys is not None])
     byte_folds = [(fold, fold.raw) for fold in folds if fold.raw is not None]
     joining = np.isin(keys.buckets, [fold.bucket for fold, _ in byte_folds])
-    final = context.settings.final_stamps
-    data, segments = _encode(keys, ~joining, name, final)
+    data, segments = _encode(keys, ~joining, name)
     chunks: list[bytes | memoryview] = [data]
     nbytes, count = len(data), len(keys.h1) - int(joining.sum())
     file_max = _known_max(keys.stamps, context.settings)
     # The new keys of buckets folded as bytes join their folds, as segments of their own.
-    joined, joined_segments = _encode(keys, joining, name, final)
+    joined, joined_segments = _encode(keys, joining, name)
     dtype = stamp_dtype(context.settings)
     each_key = not context.settings.buckets_by_time  # a hash bucket's segments mix old and new
     for fold, raw in byte_folds:
@@ -215,7 +180,7 @@ def write_window_file(
             parts.insert(0, own)
             paths.insert(0, store.data_url(name))
         pieces, segment, top = concat_segments(
-            raws, parts, dtype, paths, name, nbytes, context.expiry_point, each_key, final
+            raws, parts, dtype, paths, name, nbytes, context.expiry_point, each_key
         )
         if segment is None:
             continue  # every folded key is expired: the folded segments just leave the index
@@ -263,15 +228,13 @@ def _with_decoded_folds(new: NewKeys, folds: list[tuple[int, DecodedSegment]]) -
 
 
 def _encode(
-    keys: NewKeys, rows: np.ndarray, name: str, final_stamps: bool
+    keys: NewKeys, rows: np.ndarray, name: str
 ) -> tuple[bytes | memoryview, dict[int, Segment]]:
     """The keys at ``rows`` laid out bucket after bucket (see ``encode_segments``)."""
     if rows.all():
-        return encode_segments(keys.buckets, keys.h1, keys.h2, keys.stamps, name, final_stamps)
+        return encode_segments(keys.buckets, keys.h1, keys.h2, keys.stamps, name)
     stamps = None if keys.stamps is None else keys.stamps[rows]
-    return encode_segments(
-        keys.buckets[rows], keys.h1[rows], keys.h2[rows], stamps, name, final_stamps
-    )
+    return encode_segments(keys.buckets[rows], keys.h1[rows], keys.h2[rows], stamps, name)
 
 
 def _known_max(stamps: np.ndarray | None, settings: Settings) -> float | None:

@@ -2,10 +2,7 @@
 
 A *window file* holds the keys one task found new in one window, bucket after bucket, so one
 bucket's keys are one range read: per segment ``h1[n] | h2[n] | stamps[n]`` as little-endian
-64-bit words (stamps only in modes where each key carries its own expiry value). Where those
-stamps are final as written (tupleTime, ordered), a segment's index entry also gives the stamp
-a quarter of its keys are at or below, so that compaction finds segments worth rewriting
-without their expired keys.
+64-bit words (stamps only in modes where each key carries its own expiry value).
 
 A *manifest* is one committed version of the store: msgpack behind a 16-byte header
 (``DSM1``, CRC-32 of the payload, payload length). It holds the settings, the latest point, the
@@ -32,9 +29,8 @@ from dedupsink.store.records import Fence, Logged, Owner, Publication, WindowRec
 
 MANIFEST_MAGIC = b"DSM1"
 WINDOW_MAGIC = b"DSWIN001"
-# Format 2 typed the protocol state (owner runs, fences, publication sizes); format 3 gives
-# segments their stamps' lower quartile. Formats 1 and 2 read.
-FORMAT_VERSION = 3
+# Format 2 types the protocol state (owner runs, fences, publication sizes); format 1 reads.
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<4sIQ")
 SegmentBytes = bytes | memoryview  # a segment as read: bytes, or a view into a read buffer
 
@@ -52,10 +48,6 @@ class Segment(NamedTuple):
     length: int
     count: int  # type: ignore[assignment]  # the field hides tuple.count, which nothing uses
     crc: int
-    # Where stamps are final as written: about a quarter of the keys are stamped at or below
-    # it (an estimate, see ``encode_segments`` and ``concat_segments``). None elsewhere, and
-    # in stores written before format 3.
-    quarter: float | None = None
 
     @property
     def ident(self) -> tuple[str, int]:
@@ -184,7 +176,7 @@ class Manifest:
             )
         record["files"] = {name: WindowFile(**info) for name, info in record["files"].items()}
         record["buckets"] = {
-            int(bucket): [_segment(entry) for entry in segments]
+            int(bucket): [Segment._make(entry) for entry in segments]
             for bucket, segments in record["buckets"].items()
         }
         record["tombstones"] = [tuple(t) for t in record["tombstones"]]
@@ -199,16 +191,6 @@ class Manifest:
         record["last_window"] = WindowRecord.from_wire(record.get("last_window"))
         record["format"] = FORMAT_VERSION
         return cls(**record)
-
-
-_SEGMENT_FIELDS = len(Segment._fields)
-
-
-def _segment(entry: list[Any]) -> Segment:
-    """A segment's index entry; one of format 1 or 2 lacks the stamps' quartile."""
-    if len(entry) < _SEGMENT_FIELDS:
-        entry = [*entry, *[None] * (_SEGMENT_FIELDS - len(entry))]
-    return Segment._make(entry)
 
 
 def _packed_with_files(record: dict[str, Any], files: dict[str, WindowFile]) -> bytes:
@@ -263,11 +245,8 @@ def encode_segments(
     h2: np.ndarray,
     stamps: np.ndarray | None,
     file_name: str,
-    final_stamps: bool = False,
 ) -> tuple[bytes | memoryview, dict[int, Segment]]:
     """Lay out new keys bucket after bucket; returns the file bytes and each bucket's segment.
-    With ``final_stamps`` each segment's entry gives their lower quartile (a window's keys are
-    stamped within a short span: the point a quarter of the way up their range stands for it).
 
     The file is filled in place, lane by lane: no per-bucket copies joined twice, which
     made writing a large window's keys hold four copies of them at once."""
@@ -279,33 +258,19 @@ def encode_segments(
     head = len(WINDOW_MAGIC)
     out = np.empty(head + width * len(buckets), dtype=np.uint8)
     out[:head] = np.frombuffer(WINDOW_MAGIC, dtype=np.uint8)
-    quarters = None
     for lane_number, lane in enumerate(lanes):
         little = lane.dtype.newbyteorder("<")
         values = lane[groups.order].astype(little, copy=False)
         for _, start, end in groups.spans:
             at = head + width * start + 8 * (end - start) * lane_number
             out[at : at + 8 * (end - start)].view(little)[:] = values[start:end]
-        if final_stamps and lane_number == 2:
-            quarters = _range_quarters(values, groups.spans)
     view = out.data
     segments: dict[int, Segment] = {}
-    for number, (bucket, start, end) in enumerate(groups.spans):
+    for bucket, start, end in groups.spans:
         offset, length = head + width * start, width * (end - start)
         crc = zlib.crc32(view[offset : offset + length])
-        quarter = None if quarters is None else quarters[number]
-        segments[bucket] = Segment(file_name, offset, length, end - start, crc, quarter)
+        segments[bucket] = Segment(file_name, offset, length, end - start, crc)
     return view, segments
-
-
-def _range_quarters(stamps: np.ndarray, spans: list[tuple[int, int, int]]) -> list[float]:
-    """Each span's point a quarter of the way up its stamps' range, in two passes."""
-    starts = [start for _, start, _ in spans]
-    lows = np.minimum.reduceat(stamps, starts)
-    highs = np.maximum.reduceat(stamps, starts)
-    widths = highs - lows
-    quarters = lows + (widths // 4 if stamps.dtype.kind in "iu" else widths / 4)
-    return quarters.tolist()  # type: ignore[no-any-return]
 
 
 def check_segment(
@@ -350,7 +315,6 @@ def concat_segments(
     offset: int,
     forget_at_or_below: float | None = None,
     each_key: bool = False,
-    final_stamps: bool = False,
 ) -> tuple[list[memoryview], Segment | None, float | None]:
     """Several checked segments as one, without sorting: the ``h1`` lanes back to back, then
     the ``h2`` lanes, then the stamps. Segments whose every stamp is at or below
@@ -358,14 +322,12 @@ def concat_segments(
     such keys of the other segments (a hash bucket's segments mix old and new keys; a time
     bucket's are dropped whole). Returns the new segment's byte chunks (views of ``raws``
     where no key was left out), its index entry at ``offset`` in ``file_name`` (None if
-    nothing is left), and its largest stamp. With ``final_stamps`` the entry gives the kept
-    stamps' lower quartile (``_sampled_quarter``)."""
+    nothing is left), and its largest stamp."""
     for raw, segment, path in zip(raws, segments, paths, strict=True):
         check_segment(raw, segment, stamp_dtype, path)
     width = 2 + (stamp_dtype is not None)
     little = None if stamp_dtype is None else np.dtype(stamp_dtype).newbyteorder("<")
     kept: list[list[memoryview]] = []
-    kept_stamps: list[np.ndarray] = []
     count, top = 0, None
     for raw, segment in zip(raws, segments, strict=True):
         n = segment.count
@@ -381,7 +343,6 @@ def concat_segments(
                     stamps, n = stamps[alive], int(alive.sum())
             highest = stamps.max().item()
             top = highest if top is None else max(top, highest)
-            kept_stamps.append(stamps)
         if n:
             kept.append(lanes)
             count += n
@@ -391,22 +352,7 @@ def concat_segments(
     crc = 0
     for chunk in chunks:
         crc = zlib.crc32(chunk, crc)
-    quarter = _sampled_quarter(kept_stamps, count) if final_stamps and kept_stamps else None
-    return chunks, Segment(file_name, offset, 8 * count * width, count, crc, quarter), top
-
-
-# A fold's quartile is read from about this many of its stamps.
-_QUARTER_SAMPLE = 1024
-
-
-def _sampled_quarter(parts: list[np.ndarray], count: int) -> float:
-    """The lower quartile of these stamps, from an even sample of them (every ``step``-th of
-    each part, no copy of the parts): a fold may join hundreds of thousands of keys, and the
-    quartile only decides when the segment is worth rewriting."""
-    step = max(1, count // _QUARTER_SAMPLE)
-    sample = np.concatenate([part[::step] for part in parts])
-    rank = len(sample) // 4
-    return np.partition(sample, rank)[rank].item()  # type: ignore[no-any-return]
+    return chunks, Segment(file_name, offset, 8 * count * width, count, crc), top
 
 
 def _kept_words(lane: memoryview, keep: np.ndarray) -> memoryview:
