@@ -200,15 +200,14 @@ class KeySet:
 
     def an_eighth_expired(self, forget_at_or_below: float) -> bool:
         """Whether about an eighth of the keys here, or more, are at or below the expiry point."""
-        lowest = self.lowest_stamp
-        if lowest is None or lowest > forget_at_or_below:
+        if not self._may_hold_expired(forget_at_or_below):
             return False  # none expired: the rank's pass is spared
         return self._eighth_stamp <= forget_at_or_below
 
     @cached_property
     def _eighth_stamp(self) -> float:
         """The stamp an eighth of the way up (one pass over the stamps, once a set)."""
-        assert self.stamps is not None  # only asked once lowest_stamp found stamps
+        assert self.stamps is not None  # only asked once _may_hold_expired found stamps
         rank = len(self) // 8
         return float(np.partition(self.stamps, rank)[rank])
 
