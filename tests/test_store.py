@@ -1081,6 +1081,9 @@ def test_a_key_yielded_to_a_failed_attempt_that_the_retry_lacks_is_promoted_back
     assert report.cross_partition_duplicates == 0
     assert report.counts == counts(unique=4)
     assert port_rows(tmp_path / "out")["unique"] == [1, 2, 5, 6]
+    manifest = plan.store.read()
+    assert manifest is not None  # each key counted once, in the file that holds it
+    assert sum(wf.keys for wf in manifest.files.values()) == manifest.remembered_keys == 4
     again = run_window(plan, 1, [rows([5], [1])])  # the promoted key is remembered
     assert again.counts == counts(duplicate=1)
 
@@ -1164,6 +1167,27 @@ def test_the_commit_moves_rows_out_of_whichever_unique_files_of_a_task_hold_them
     ports = port_rows(tmp_path / "out")
     assert ports["unique"] == [*range(10), 20, 21, 22, 23, 24, 25]
     assert ports["duplicate"] == [0, 2]
+
+
+def test_a_key_the_commit_takes_from_a_higher_partition_keeps_the_lower_ones_time(
+    tmp_path: Path,
+) -> None:
+    """With assumeSameExpiry=false the copies of a key carry times of their own: the key is
+    remembered with its unique row's, so a commit that moves a higher partition's row to
+    duplicate also takes the key out of that task's window file."""
+    plan = make_plan(str(tmp_path / "out"), **ORDERED_HASHABLE, assumeSameExpiry="false")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settle_module, "SETTLE_WITH_AT_MOST", 0)
+        report = run_window(plan, 0, [rows([1], [5])], [rows([1, 2], [9, 9])])
+    assert report.counts == counts(unique=2, duplicate=1)
+    assert report.cross_partition_duplicates == 1
+    manifest = plan.store.read()
+    assert manifest is not None
+    assert sum(wf.keys for wf in manifest.files.values()) == manifest.remembered_keys == 2
+    remembered = key_summary(all_keys(plan.store, manifest, plan.settings))
+    assert sorted(stamp for keys in remembered.values() for _, _, stamp in keys) == [5, 9]
+    run_window(plan, 1, [rows([3], [16])])  # the expiry point is 6: key 1 (at 5) is forgotten
+    assert run_window(plan, 2, [rows([1, 2], [20, 20])]).counts == counts(unique=1, duplicate=1)
 
 
 def tree(root: Path) -> dict[str, bytes]:

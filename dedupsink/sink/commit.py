@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dedupsink.engine.classify import PORTS, CommittedState, NewKeys, bucket_of, stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
@@ -29,7 +29,7 @@ from dedupsink.sink.nextversion import WindowUpdate, next_version
 from dedupsink.sink.output import Output, PortFile
 from dedupsink.sink.parquet import port_schema
 from dedupsink.sink.plan import SinkPlan
-from dedupsink.sink.settle import Holder, Moved, settle_window, staged_files
+from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import Writer, claim, now_ms
@@ -95,7 +95,7 @@ def commit_window(
     holders = [_holder(s) for s in done]
     try:
         moves = settle_window(output, holders, stamp_dtype(plan.settings))
-        _apply_moves(done, holders, moves)
+        _apply_moves(plan, store, base, done, holders, moves)
         schema_files = _schema_files(plan, output, base, done)
         crossed = _cross_partition(done, moves)
         update = WindowUpdate(plan, base, writer, batch_id, done, schema_files, crossed, now_ms())
@@ -183,18 +183,25 @@ def _holder(summary: TaskSummary) -> Holder:
     )
 
 
-def _apply_moves(done: list[TaskSummary], holders: list[Holder], moves: list[Moved]) -> None:
-    """Settlement moved rows between a task's ports: its counts and window file follow."""
+def _apply_moves(
+    plan: SinkPlan,
+    store: BucketStore,
+    base: Manifest,
+    done: list[TaskSummary],
+    holders: list[Holder],
+    moves: list[Moved],
+) -> None:
+    """Settlement moved rows between a task's ports: its files and counts follow, and a task
+    whose rows went to duplicate has its window file written again without their keys (the
+    old file is left to the garbage collection, as a failed attempt's)."""
     by_holder = {id(h): s for h, s in zip(holders, done, strict=True)}
     for move in moves:
         summary = by_holder[id(move.holder)]
         summary.files = move.holder.files
         summary.counts = summary.counts.moved(move.rows, move.source, move.target)
-        written = summary.written
-        if written is not None and written.window_file is not None:
-            wf = written.window_file
-            keys = wf.keys + (move.rows if move.target == "unique" else -move.rows)
-            written.window_file = replace(wf, keys=keys)
+        if move.still_kept is not None and summary.written is not None:
+            # Only partition 0 folds, and it keeps every key it found new: never demoted.
+            summary.written = _window_file(plan, store, base, summary, move.still_kept)
 
 
 def _remember_promoted(
@@ -206,7 +213,6 @@ def _remember_promoted(
 ) -> list[WrittenKeys]:
     """Window files for keys promoted back to unique: their task left them out of its own."""
     written = []
-    expiry_point = CommittedState(base.latest).expiry_point(plan.settings)
     for move in moves:
         if move.keys is None or not len(move.keys):
             continue
@@ -216,12 +222,19 @@ def _remember_promoted(
             for s in done
             if (s.identity.partition, s.identity.attempt) == (holder.partition, holder.attempt)
         )
-        keys = move.keys
-        buckets = bucket_of(plan.settings, keys.fingerprints, keys.stamps)
-        new = NewKeys(keys.fingerprints.h1, keys.fingerprints.h2, buckets, keys.stamps)
-        context = KeysContext(plan.settings, expiry_point, tuple(summary.new_categories))
-        written.append(write_window_file(store, base, context, new, holder.partition, []))
+        written.append(_window_file(plan, store, base, summary, move.keys))
     return written
+
+
+def _window_file(
+    plan: SinkPlan, store: BucketStore, base: Manifest, summary: TaskSummary, keys: StagedKeys
+) -> WrittenKeys:
+    """A window file of a task's partition holding these keys, as its task would write it."""
+    expiry_point = CommittedState(base.latest).expiry_point(plan.settings)
+    buckets = bucket_of(plan.settings, keys.fingerprints, keys.stamps)
+    new = NewKeys(keys.fingerprints.h1, keys.fingerprints.h2, buckets, keys.stamps)
+    context = KeysContext(plan.settings, expiry_point, tuple(summary.new_categories))
+    return write_window_file(store, base, context, new, summary.identity.partition, [])
 
 
 def _cross_partition(done: list[TaskSummary], moves: list[Moved]) -> int:

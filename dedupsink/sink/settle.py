@@ -23,7 +23,9 @@ rule is **the lowest partition keeps the key**, and the tasks apply it themselve
    not occur earlier (nobody kept it) is promoted back to unique. Moving a row means rewriting
    that task's staged file: the one case in which the driver reads rows. Partitioning the input
    by key (``df.repartition(n, *keys)``) gives the commit nothing to move. A key promoted back
-   has no window file remembering it; the commit writes one (``PromotedKeys``).
+   has no window file remembering it; the commit writes one. A demoted key is in its task's
+   window file, with that row's expiry value (in ``assumeSameExpiry=false`` not the keeper's);
+   the commit writes the task's window file again without it.
 """
 
 from __future__ import annotations
@@ -436,6 +438,9 @@ class Moved:
     target: str
     replaced: list[str]  # the staged files rewritten without them
     keys: StagedKeys | None = None  # the keys of rows promoted back to unique
+    # After a demotion, the keys the task still keeps: its window file, written before the
+    # commit, also holds the demoted ones, with their rows' expiry values.
+    still_kept: StagedKeys | None = None
 
 
 def settle_window(
@@ -453,14 +458,16 @@ def settle_window(
         total = holder.unique + holder.settlement.yielded
         staged = read_keys(output, holder.settlement.keys_file or "", total, stamp_dtype)
         keys = staged.in_order()
-        kept.append(keys.fingerprints[: holder.unique])
+        kept.append(keys.take(np.arange(holder.unique)))
         given.append(keys.take(np.arange(holder.unique, total)))
-    first = first_occurrences(Fingerprints.concat(kept + [g.fingerprints for g in given]))
+    first = first_occurrences(Fingerprints.concat([k.fingerprints for k in kept + given]))
     marks = np.split(first, np.cumsum([len(part) for part in kept + given])[:-1])
     moves = []
-    for holder, lost in zip(holders, marks[: len(kept)], strict=True):
-        if (~lost).any():
-            moves.append(_move_rows(output, holder, "unique", ~lost, "duplicate", at_end=False))
+    for holder, keys, firsts in zip(holders, kept, marks[: len(kept)], strict=True):
+        if (~firsts).any():
+            moved = _move_rows(output, holder, "unique", ~firsts, "duplicate", at_end=False)
+            moved.still_kept = keys.take(firsts)
+            moves.append(moved)
     for holder, back, keys in zip(holders, marks[len(kept) :], given, strict=True):
         if back.any():  # after demotions: a demotion adds its file at the end
             moved = _move_rows(output, holder, "duplicate", back, "unique", at_end=True)
