@@ -95,11 +95,11 @@ def commit_window(
     holders = [_holder(s) for s in done]
     try:
         moves = settle_window(output, holders, stamp_dtype(plan.settings))
-        _apply_moves(plan, store, base, done, holders, moves)
+        promoted = _apply_moves(plan, store, base, done, holders, moves)
         schema_files = _schema_files(plan, output, base, done)
         crossed = _cross_partition(done, moves)
         update = WindowUpdate(plan, base, writer, batch_id, done, schema_files, crossed, now_ms())
-        update.promoted = _remember_promoted(plan, store, base, done, moves)
+        update.promoted = promoted
         nxt = next_version(update)
         store.commit(nxt)
     except (StoreConflictError, FileNotFoundError):
@@ -190,40 +190,23 @@ def _apply_moves(
     done: list[TaskSummary],
     holders: list[Holder],
     moves: list[Moved],
-) -> None:
-    """Settlement moved rows between a task's ports: its files and counts follow, and a task
-    whose rows went to duplicate has its window file written again without their keys (the
-    old file is left to the garbage collection, as a failed attempt's)."""
+) -> list[WrittenKeys]:
+    """Settlement moved rows between a task's ports: its files and counts follow. A task whose
+    rows went to duplicate has its window file written again without their keys (the old file
+    is left to the garbage collection, as a failed attempt's); keys promoted back to unique,
+    which their task left out of its own, get a window file of theirs, returned."""
     by_holder = {id(h): s for h, s in zip(holders, done, strict=True)}
+    promoted = []
     for move in moves:
         summary = by_holder[id(move.holder)]
         summary.files = move.holder.files
         summary.counts = summary.counts.moved(move.rows, move.source, move.target)
-        if move.still_kept is not None and summary.written is not None:
+        if move.still_kept is not None:
             # Only partition 0 folds, and it keeps every key it found new: never demoted.
             summary.written = _window_file(plan, store, base, summary, move.still_kept)
-
-
-def _remember_promoted(
-    plan: SinkPlan,
-    store: BucketStore,
-    base: Manifest,
-    done: list[TaskSummary],
-    moves: list[Moved],
-) -> list[WrittenKeys]:
-    """Window files for keys promoted back to unique: their task left them out of its own."""
-    written = []
-    for move in moves:
-        if move.keys is None or not len(move.keys):
-            continue
-        holder = move.holder
-        summary = next(
-            s
-            for s in done
-            if (s.identity.partition, s.identity.attempt) == (holder.partition, holder.attempt)
-        )
-        written.append(_window_file(plan, store, base, summary, move.keys))
-    return written
+        if move.keys is not None and len(move.keys):
+            promoted.append(_window_file(plan, store, base, summary, move.keys))
+    return promoted
 
 
 def _window_file(
