@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found; set PYTHON=...)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,hdfs,test]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,hdfs,test,delta,iceberg]' --config-settings editable_mode=compat
 	$(PY) tools/precompile_pyspark.py  # bytecode in PySpark's archive, as Spark's workers import it
 	@touch $(STAMP)
 

@@ -633,7 +633,7 @@ def python_floor_source() -> Any:
     )
 
     def copy_partition(path: str, iterator: Any) -> WriterCommitMessage:
-        from dedupsink.sink.parquet import open_parquet_writer
+        from dedupsink.ports.encoding import open_parquet_writer
 
         name = f"{path}/part-{TaskContext.get().partitionId()}-{uuid.uuid4().hex}.parquet"
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,7 @@ from common import (
 )
 
 if TYPE_CHECKING:
-    from dedupsink.sink.output import Output
+    from dedupsink.ports.output import Output
     from dedupsink.sink.task import TaskSummary
     from dedupsink.store.store import BucketStore
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "DedupError",
     "DedupOptionError",
+    "PortTableError",
     "StoreConflictError",
     "StoreCorruptError",
     "StoreError",
@@ -52,3 +53,7 @@ class StoreOwnershipError(StoreError):
 
 class StoreConflictError(StoreError):
     """The store changed under a commit (a concurrent writer); the batch must be re-run."""
+
+
+class PortTableError(DedupError):
+    """A port table (Delta Lake or Iceberg) cannot be reached, created, matched or committed."""

@@ -41,7 +41,15 @@ MAX_EXPIRY_JUMP = "maxExpiryJump"
 STORE_PATH = "storePath"
 STORE_DIRNAME_DEFAULT = "_store"
 OUTPUT_FORMAT = "outputFormat"
-OUTPUT_FORMATS = ("parquet",)
+OUTPUT_FORMAT_DEFAULT = "parquet"
+OUTPUT_FORMATS = (OUTPUT_FORMAT_DEFAULT, "delta", "iceberg")
+# Options named iceberg.catalog.<property> are properties of pyiceberg's load_catalog.
+ICEBERG_CATALOG_PREFIX = "iceberg.catalog."
+ICEBERG_NAMESPACE = "iceberg.namespace"
+ICEBERG_NAMESPACE_DEFAULT = "dedup"
+ICEBERG_TABLE = "iceberg.table"  # default: the last segment of path
+# Catalog properties whose values are secrets: masked wherever options are shown.
+_SECRET_PROPERTY = re.compile(r"secret|password|token|credential|key", re.IGNORECASE)
 OWNER_TIMEOUT = "ownerTimeout"
 # How long after its last commit a query's hold on the store keeps another query waiting: a
 # redeploy right after a query stops waits at most this long (see store/ownership.py).
@@ -250,7 +258,11 @@ class DedupOptions:
     )
     max_expiry_jump: Span | None = None
     store_path: str = ""
-    output_format: str = OUTPUT_FORMATS[0]
+    output_format: str = OUTPUT_FORMAT_DEFAULT
+    # iceberg only: properties for pyiceberg's load_catalog, and the tables' names.
+    iceberg_catalog: dict[str, str] = field(default_factory=dict, repr=False)
+    iceberg_namespace: str | None = None
+    iceberg_table: str | None = None
     owner_timeout: Span = field(
         default_factory=lambda: parse_duration(OWNER_TIMEOUT, OWNER_TIMEOUT_DEFAULT)
     )
@@ -271,9 +283,15 @@ class DedupOptions:
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> DedupOptions:
         """Parse Spark's string options (any case); unknown options are refused by name."""
+        # Catalog property names keep their case (pyiceberg's are lower-case, some catalogs' not).
+        catalog = parse_catalog_properties(raw)
         given = {key.lower(): str(value) for key, value in raw.items()}
         storage = parse_storage_options(given)
-        given = {key: value for key, value in given.items() if not is_storage_option(key)}
+        given = {
+            key: value
+            for key, value in given.items()
+            if not is_storage_option(key) and not is_catalog_property(key)
+        }
         _refuse_unknown(given)
 
         def text(name: str) -> str | None:
@@ -284,7 +302,7 @@ class DedupOptions:
             raise DedupOptionError(
                 PATH, None, "the output directory URL, e.g. /data/out or hdfs://nn:8020/out"
             )
-        values: dict[str, object] = {"storage_options": storage}
+        values: dict[str, object] = {"storage_options": storage, "iceberg_catalog": catalog}
         for spec in OPTION_SPECS:
             value = text(spec.name)
             if value is not None:
@@ -298,7 +316,18 @@ class DedupOptions:
         """The number of hash buckets, where keys are bucketed by hash."""
         return NUM_BUCKETS_DEFAULT if self.num_buckets is None else self.num_buckets
 
+    @property
+    def table_namespace(self) -> str:
+        """The Iceberg namespace of the port tables."""
+        return self.iceberg_namespace or ICEBERG_NAMESPACE_DEFAULT
+
+    @property
+    def table_prefix(self) -> str:
+        """What the Iceberg port tables' names begin with: ``<table>_<port>``."""
+        return self.iceberg_table or self.path.rstrip("/").rsplit("/", 1)[-1]
+
     def _check_combinations(self) -> None:
+        self._check_iceberg()
         if self.expiry_mode not in (None, "systemTime") and self.expiry_key is None:
             raise DedupOptionError(
                 EXPIRY_KEY,
@@ -332,6 +361,31 @@ class DedupOptions:
                         option, value.text, "no value without an expiryKey or expiryMode=systemTime"
                     )
 
+    def _check_iceberg(self) -> None:
+        iceberg_only = [
+            (ICEBERG_NAMESPACE, self.iceberg_namespace),
+            (ICEBERG_TABLE, self.iceberg_table),
+            *(
+                (ICEBERG_CATALOG_PREFIX + name, value)
+                for name, value in self.iceberg_catalog.items()
+            ),
+        ]
+        if self.output_format != "iceberg":
+            for option, value in iceberg_only:
+                if value is not None:
+                    raise DedupOptionError(
+                        option, value, "no value unless outputFormat=iceberg (the ports are tables)"
+                    )
+            return
+        if not self.iceberg_catalog and "://" in self.path and not self.path.startswith("file:"):
+            raise DedupOptionError(
+                ICEBERG_CATALOG_PREFIX + "<property>",
+                None,
+                f"the catalog of the port tables (e.g. {ICEBERG_CATALOG_PREFIX}uri, "
+                f"{ICEBERG_CATALOG_PREFIX}type): path {self.path} is not on the local disk, "
+                "where an embedded SQLite catalog would serve",
+            )
+
     def to_strings(self) -> dict[str, str]:
         """The options back as Spark strings (for the CLI and for logs); storage options are
         shown by name only, their values masked."""
@@ -342,11 +396,15 @@ class DedupOptions:
                 out[spec.name] = spec.show(value)
         for name in self.storage_options:
             out[STORAGE_OPTION_PREFIX + name] = MASK
+        for name, value in self.iceberg_catalog.items():
+            secret = _SECRET_PROPERTY.search(name)
+            out[ICEBERG_CATALOG_PREFIX + name] = MASK if secret else value
         return out
 
     def mask(self, text: str) -> str:
         """``text`` with every storage option's value replaced by ``***``."""
-        return mask_values(text, self.storage_options.values())
+        secrets = [v for k, v in self.iceberg_catalog.items() if _SECRET_PROPERTY.search(k)]
+        return mask_values(text, [*self.storage_options.values(), *secrets])
 
     @contextmanager
     def masking(self) -> Iterator[None]:
@@ -393,6 +451,8 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec(
         OUTPUT_FORMAT, "output_format", lambda name, text: parse_choice(name, text, OUTPUT_FORMATS)
     ),
+    OptionSpec(ICEBERG_NAMESPACE, "iceberg_namespace", lambda _, text: text),
+    OptionSpec(ICEBERG_TABLE, "iceberg_table", lambda _, text: text),
     OptionSpec(OWNER_TIMEOUT, "owner_timeout", parse_duration, _text_of),
     OptionSpec(ASSUME_SAME_EXPIRY, "assume_same_expiry", parse_bool, bool_text),
 )
@@ -416,6 +476,27 @@ def parse_storage_options(given: Mapping[str, str]) -> dict[str, object]:
         lowered = text.strip().lower()
         parsed[name] = lowered == "true" if lowered in ("true", "false") else text
     return parsed
+
+
+def is_catalog_property(name: str) -> bool:
+    return name.lower().startswith(ICEBERG_CATALOG_PREFIX)
+
+
+def parse_catalog_properties(raw: Mapping[str, str]) -> dict[str, str]:
+    """``iceberg.catalog.<property>`` options as pyiceberg catalog properties."""
+    properties = {}
+    for key, value in raw.items():
+        if not is_catalog_property(key):
+            continue
+        name = key[len(ICEBERG_CATALOG_PREFIX) :]
+        if not name:
+            raise DedupOptionError(
+                key,
+                str(value),
+                f"{ICEBERG_CATALOG_PREFIX}<property>, e.g. {ICEBERG_CATALOG_PREFIX}uri",
+            )
+        properties[name] = str(value)
+    return properties
 
 
 def mask_values(text: str, values: Iterable[object]) -> str:

@@ -1438,7 +1438,7 @@ def test_staged_keys_read_back_in_their_task_order(stamp_dtype: np.dtype | None)
 @pytest.mark.parametrize("size", [50, 200_000])  # read whole; read lane by lane
 def test_a_task_yields_exactly_the_keys_a_lower_task_staged(tmp_path: Path, size: int) -> None:
     from dedupsink.engine.fingerprint import Fingerprints
-    from dedupsink.sink.output import Output
+    from dedupsink.ports.output import Output
     from dedupsink.sink.settle import SortedKeys, StagedKeys, _staged, _yielded_to, stage_keys
 
     rng = np.random.default_rng(3)

@@ -2,8 +2,8 @@
 
 ``locate`` accepts an output path (``<path>/_store`` is its store) or a store path (its ports
 are found next to it when it is the default ``_store`` folder). ``report`` reads the latest
-manifest through ``BucketStore`` and the ports through ``Output``; ``render`` prints it for
-people, ``--json`` prints the same dictionary for machines.
+manifest through ``BucketStore`` and the ports through their format (``ports``); ``render``
+prints it for people, ``--json`` prints the same dictionary for machines.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
+    OUTPUT_FORMAT_DEFAULT,
     STORE_DIRNAME_DEFAULT,
+    DedupOptions,
     bool_text,
     human_span,
     join_url,
 )
-from dedupsink.sink.output import Output
-from dedupsink.sink.sparklog import PortLog
+from dedupsink.ports.base import PortFormat
+from dedupsink.ports.formats import port_format
+from dedupsink.ports.output import Output
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner
@@ -48,6 +51,20 @@ class Location:
 
     def output(self) -> Output | None:
         return None if self.output_url is None else Output(self.output_url, self.storage_options)
+
+    def ports(self, manifest: Manifest | None) -> PortFormat | None:
+        """The ports in the format the store was created with (an Iceberg catalog other than
+        the embedded one is not known here)."""
+        if self.output_url is None:
+            return None
+        recorded = {} if manifest is None else manifest.settings
+        options = DedupOptions(
+            path=self.output_url,
+            store_path=self.store_url,
+            output_format=recorded.get("output_format", OUTPUT_FORMAT_DEFAULT),
+            storage_options=self.storage_options,
+        )
+        return port_format(options)
 
 
 def locate(
@@ -81,13 +98,13 @@ def report(location: Location) -> dict[str, Any]:
     }
     if manifest is None:
         return result
-    output = location.output()
-    result.update(_store_part(manifest, output))
-    result["ports"] = _ports_part(manifest, output)
+    ports = location.ports(manifest)
+    result.update(_store_part(manifest, ports))
+    result["ports"] = _ports_part(manifest, ports)
     return result
 
 
-def _store_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
+def _store_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
     settings = recorded_settings(manifest.settings)
     if settings.get("mode") not in TIME_BUCKET_MODES:  # recorded, but it applies to none of them
         settings["assume_same_expiry"] = None
@@ -117,8 +134,8 @@ def _store_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
         ],
         "totals": dict(manifest.totals),
         "publication_pending": manifest.publication is not None
-        and output is not None
-        and not output.is_published(manifest.publication),
+        and ports is not None
+        and not ports.is_published(manifest.publication, manifest.store_id),
     }
 
 
@@ -137,9 +154,9 @@ def _owner_part(owner: Owner | None) -> dict[str, Any] | None:
     }
 
 
-def _ports_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
-    output_url = None if output is None else output.url
-    ports: dict[str, Any] = {}
+def _ports_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
+    output_url = None if ports is None else ports.output.url
+    found: dict[str, Any] = {}
     for port in PORTS:
         state = manifest.ports.get(port)
         entry: dict[str, Any] = {
@@ -148,14 +165,10 @@ def _ports_part(manifest: Manifest, output: Output | None) -> dict[str, Any]:
             "batches": state.next_log if state else 0,
             "path": join_url(output_url, port) if output_url else None,
         }
-        if output is not None:
-            entry["log_entries_on_disk"] = _log_entries(output, port)
-        ports[port] = entry
-    return ports
-
-
-def _log_entries(output: Output, port: str) -> int:
-    return len(PortLog(output, port).ids())
+        if ports is not None:
+            entry.update(ports.describe(port, manifest.store_id))
+        found[port] = entry
+    return found
 
 
 def to_json(data: dict[str, Any]) -> str:

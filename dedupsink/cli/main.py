@@ -22,7 +22,6 @@ from dedupsink.cli.job import PreparedJob, prepare
 from dedupsink.cli.run import checkpoint_for, run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
-from dedupsink.sink.repair import repair
 from dedupsink.store.ownership import describe_owner, now_ms, release
 from dedupsink.store.storage import parent
 
@@ -174,21 +173,23 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     location = locate(args.path, args.store, _storage_options(args))
-    output = location.output()
-    if output is None:
-        raise ConfigError("PATH", f"store {location.store_url} records no output path to repair")
     store = location.store()
     manifest = store.read()
+    ports = location.ports(manifest)
+    if ports is None:
+        raise ConfigError("PATH", f"store {location.store_url} records no output path to repair")
     owner = manifest.owner if manifest is not None else None
     if owner is not None and owner.lapses_at_ms() > now_ms():
         # A window being published would look damaged; the repair itself is idempotent.
         log.warning("store %s is held by %s: stop it first", store.url, describe_owner(owner))
-    found = repair(store, output, dry_run=args.dry_run)
+    found = ports.repair(store, dry_run=args.dry_run)
     verb = "would rewrite" if args.dry_run else "rewrote"
     for item in found:
         print(f"{verb} {item.port} log entry {item.log_id}: {item.path}")
     if not found:
         print(f"every sink-log entry the store {store.url} records is intact")
+        if ports.name != "parquet":
+            print(f"(the {ports.name} tables keep their own log, which repair leaves alone)")
     return 0
 
 

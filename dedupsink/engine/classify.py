@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
@@ -25,7 +26,19 @@ from dedupsink.engine.settings import ERROR_COLUMN, Rows, Settings, column
 UNIQUE, DUPLICATE, EXPIRED, ERROR = 0, 1, 2, 3
 # systemTime keys are stored before their window's time is known (the commit sets it).
 WINDOW_TIME_PLACEHOLDER = -1
-PORTS = ("unique", "duplicate", "expired", "error")
+
+
+class Port(StrEnum):
+    """The four outputs of a window, in the order of their codes (``UNIQUE`` ... ``ERROR``); a
+    port compares equal to its name, as options, manifests and folders spell it."""
+
+    UNIQUE = "unique"
+    DUPLICATE = "duplicate"
+    EXPIRED = "expired"
+    ERROR = "error"
+
+
+PORTS: tuple[Port, ...] = tuple(Port)
 
 
 class KeyIndex(Protocol):
@@ -269,9 +282,9 @@ def _named_leaves(name: str, array: pa.Array) -> list[tuple[str, pa.Array]]:
     return [(name, leaf) for leaf in key_leaves(array)]
 
 
-def split(batch: Rows, result: BatchResult) -> dict[str, Rows]:
+def split(batch: Rows, result: BatchResult) -> dict[Port, Rows]:
     """The rows of each port that has any; error rows gain the reason column."""
-    out: dict[str, Rows] = {}
+    out: dict[Port, Rows] = {}
     for port, name in enumerate(PORTS):
         mask = result.ports == port
         if not mask.any():

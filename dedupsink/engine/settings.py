@@ -30,6 +30,7 @@ from dedupsink.options import (
     KEYS,
     MAX_EXPIRY_JUMP,
     NUM_BUCKETS,
+    OUTPUT_FORMAT_DEFAULT,
     DedupOptions,
     Span,
     bool_text,
@@ -86,6 +87,8 @@ class Settings:
     max_expiry_jump: float | None = None
     # Only tupleTime and ordered can assume it; in the other modes it stays at its default.
     assume_same_expiry: bool = ASSUME_SAME_EXPIRY_DEFAULT
+    # How the ports are written, fixed when the store is created like the rest.
+    output_format: str = OUTPUT_FORMAT_DEFAULT
 
     @property
     def has_expiry(self) -> bool:
@@ -242,7 +245,18 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
     keys, key_types = _resolve_keys(options, schema)
     mode, expiry_type, stamp_kind = _resolve_mode(options, schema)
     if mode == "basic":
-        return Settings(mode, keys, key_types, None, None, "int", None, None, options.hash_buckets)
+        return Settings(
+            mode,
+            keys,
+            key_types,
+            None,
+            None,
+            "int",
+            None,
+            None,
+            options.hash_buckets,
+            output_format=options.output_format,
+        )
     if options.expiry_period is None:
         raise DedupOptionError(EXPIRY_PERIOD, None, f"a period: expiryMode={mode} needs one")
     period = _in_domain(EXPIRY_PERIOD, options.expiry_period, mode)
@@ -265,6 +279,7 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         bucket_count,
         jump,
         same_expiry,
+        options.output_format,
     )
 
 

@@ -24,10 +24,11 @@ from dedupsink.engine.classify import PORTS, CommittedState, NewKeys, bucket_of,
 from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import StoreConflictError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
+from dedupsink.ports.base import PortFormat
+from dedupsink.ports.encoding import port_schema
+from dedupsink.ports.output import Output, PortFile
 from dedupsink.sink.compaction import KeysContext, WrittenKeys, write_window_file
 from dedupsink.sink.nextversion import WindowUpdate, next_version
-from dedupsink.sink.output import Output, PortFile
-from dedupsink.sink.parquet import port_schema
 from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
@@ -88,7 +89,8 @@ def commit_window(
     store, output = plan.store, plan.output
     writer = plan.writer(identity.query_id, identity.run)
     base = _base_version(store, done, batch_id)
-    finish_publication(store, output, base)
+    ports = plan.ports
+    finish_publication(ports, base)
     if any(s.skipped for s in done) or base.queries.get(writer.query, -1) >= batch_id:
         return _discard_rerun(store, output, done, base, writer, batch_id)
     claim(store, base, writer)
@@ -108,12 +110,12 @@ def commit_window(
         latest = store.read()
         if latest is None or latest.queries.get(writer.query, -1) < batch_id:
             raise
-        finish_publication(store, output, latest)
+        finish_publication(ports, latest)
         return _discard_rerun(store, output, done, latest, writer, batch_id)
-    publish(store, output, nxt)
+    publish(ports, nxt)
     if nxt.version % GARBAGE_EVERY:  # else the garbage collection sweeps it with the rest
         staged = staged_files(holders, moves) + [f.path for f in schema_files]
-        output.discard_staging(done[0].folder, staged)
+        output.discard_staging(done[0].folder, _unpublished(staged, nxt))
     _collect_garbage(store, output, nxt, writer.run)
     report = _report(plan, nxt, done, writer, batch_id)
     log.info(report.line())
@@ -133,21 +135,29 @@ def _base_version(store: BucketStore, done: list[TaskSummary], batch_id: int) ->
     return store.read_base(version, store_id)
 
 
-def finish_publication(store: BucketStore, output: Output, manifest: Manifest) -> None:
+def finish_publication(ports: PortFormat, manifest: Manifest) -> None:
     """Publish a committed version's ports if a crash interrupted it (idempotent)."""
     publication = manifest.publication
-    key = (output.url, manifest.store_id, manifest.version)
+    key = (ports.output.url, manifest.store_id, manifest.version)
     if publication is None or key in _published:
         return
-    if not output.is_published(publication):
-        output.publish(publication)
+    if not ports.is_published(publication, manifest.store_id):
+        ports.publish(publication, manifest.store_id)
     _published.add(key)
 
 
-def publish(store: BucketStore, output: Output, manifest: Manifest) -> None:
+def publish(ports: PortFormat, manifest: Manifest) -> None:
     if manifest.publication is not None:
-        output.publish(manifest.publication)
-        _published.add((output.url, manifest.store_id, manifest.version))
+        ports.publish(manifest.publication, manifest.store_id)
+        _published.add((ports.output.url, manifest.store_id, manifest.version))
+
+
+def _unpublished(staged: list[str], manifest: Manifest) -> list[str]:
+    """The staged files a window's publication does not leave where they are: all but the
+    files a table format published in place."""
+    publication = manifest.publication
+    kept = set() if publication is None else {m.target for m in publication.moves if m.in_place}
+    return [name for name in staged if name not in kept]
 
 
 def _discard_rerun(
@@ -159,7 +169,8 @@ def _discard_rerun(
     batch_id: int,
 ) -> CommitReport:
     holders = [_holder(s) for s in done]
-    output.discard_staging(done[0].folder, staged_files(holders, []))
+    # An earlier attempt of this commit may have published these very files in place.
+    output.discard_staging(done[0].folder, _unpublished(staged_files(holders, []), base))
     last = base.last_window
     committed_here = last is not None and (last.query, last.batch) == (writer.query, batch_id)
     if base.publication is not None and committed_here:
@@ -233,7 +244,9 @@ def _schema_files(
 ) -> list[PortFile]:
     """An empty file for each port that has no file yet and no rows in this window: a port is
     readable, with its schema, from the first committed window on."""
-    files = []
+    files: list[PortFile] = []
+    if not plan.ports.schema_files:
+        return files
     for port in PORTS:
         state = base.ports.get(port)
         has_rows = any(f.port == port and f.rows > 0 for s in done for f in s.files)

@@ -13,15 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from dedupsink.engine.classify import PORTS
+from dedupsink.ports.output import PortFile
 from dedupsink.sink.compaction import WrittenKeys
-from dedupsink.sink.output import PortFile
 from dedupsink.sink.plan import BATCH_WRITE_PREFIX, SinkPlan
-from dedupsink.sink.sparklog import is_compaction
 from dedupsink.sink.task import TaskSummary
 from dedupsink.store.format import Manifest, PortState, Segment
 from dedupsink.store.ownership import Writer, next_owner
-from dedupsink.store.records import LogEntry, Logged, Move, Publication, WindowCounts, WindowRecord
-from dedupsink.store.storage import basename
+from dedupsink.store.records import LogEntry, Move, Publication, WindowCounts, WindowRecord
 from dedupsink.store.store import GARBAGE_EVERY, garbage_due
 
 KEEP_QUERIES = 32
@@ -219,38 +217,19 @@ def count_window(nxt: Manifest, update: WindowUpdate) -> None:
 
 
 def plan_publication(nxt: Manifest, update: WindowUpdate) -> None:
-    """Name every staged file's published name, one log entry per port, and advance the ports'
-    positions; the record holds everything a publisher writes."""
+    """Each port's files as its format publishes them (and, for Parquet ports, their Spark log
+    entries), the ports' positions advanced; the record holds everything a publisher writes."""
+    ports = update.plan.ports
     moves: list[Move] = []
     entries: list[LogEntry] = []
     staged = [f for t in update.tasks for f in t.files if f.rows > 0] + update.schema_files
     for port in PORTS:
         state = nxt.ports.setdefault(port, PortState())
-        records = [f for f in staged if f.port == port]
-        targets = []
-        for index, record in enumerate(records):
-            partition = basename(record.path).split("-")[0]
-            target = f"{port}/part-{nxt.version:010d}-{partition}-{index:03d}.parquet"
-            moves.append(Move(record.path, target, record.size))
-            targets.append(target)
-        compaction = is_compaction(state.next_log)
-        earlier = None if state.recent is None else tuple(state.recent)
-        entries.append(
-            LogEntry(
-                port, state.next_log, tuple(targets), state.files, earlier if compaction else None
-            )
-        )
-        logged = [
-            Logged(t, record.size, update.now_ms)
-            for t, record in zip(targets, records, strict=True)
-        ]
-        if compaction:
-            state.recent = []
-        elif state.recent is not None:
-            state.recent.extend(logged)
-        state.files += len(targets)
-        state.rows += sum(record.rows for record in records)
-        state.next_log += 1
+        files = [f for f in staged if f.port == port]
+        port_moves, entry = ports.plan_port(port, state, files, nxt.version, update.now_ms)
+        moves.extend(port_moves)
+        if entry is not None:
+            entries.append(entry)
     folder = update.tasks[0].folder
     nxt.publication = Publication(nxt.version, folder, update.now_ms, tuple(moves), tuple(entries))
 

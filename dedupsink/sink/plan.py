@@ -16,10 +16,13 @@ import pyarrow as pa
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
-from dedupsink.sink.output import Output, absolute_url
+from dedupsink.ports.base import PortFormat
+from dedupsink.ports.formats import port_format
+from dedupsink.ports.output import Output, absolute_url
+from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import Writer
 from dedupsink.store.records import Publication
-from dedupsink.store.store import BucketStore
+from dedupsink.store.store import BucketStore, check_settings
 
 BATCH_WRITE_PREFIX = "batch-"
 
@@ -44,8 +47,12 @@ class SinkPlan:
         return BucketStore(self.options.store_path, self.options.storage_options, STORE_PATH)
 
     @property
+    def ports(self) -> PortFormat:
+        return port_format(self.options)
+
+    @property
     def output(self) -> Output:
-        return Output(self.options.path, self.options.storage_options, PATH)
+        return self.ports.output
 
     def writer(self, query_id: str, run: str) -> Writer:
         timeout_ms = self.options.owner_timeout.micros // 1000
@@ -97,11 +104,15 @@ def check_store(plan: SinkPlan, once: bool = False) -> None:
     )
     if once and key in _checked:
         return
-    output, store = plan.output, plan.store  # path first: storePath follows from it by default
+    ports, store = plan.ports, plan.store  # path first: storePath follows from it by default
+    output = ports.output
     output.storage.check_reachable(PATH)
     store.storage.check_reachable(STORE_PATH)
     existing = store.read()
-    if (existing is None or not existing.ports) and output.has_windows():
+    if existing is not None:
+        check_settings(existing.settings, plan.settings.identity(), store.url)
+    ports.check_tables(plan.schema)
+    if (existing is None or not existing.ports) and ports.has_windows():
         # A store that never published next to ports that hold windows (storePath changed,
         # or the store deleted): its window numbers would overwrite those ports' files.
         raise DedupOptionError(
@@ -110,7 +121,7 @@ def check_store(plan: SinkPlan, once: bool = False) -> None:
             f"the store the ports under {options.path} were written with; they hold windows "
             "this store never committed (write to a new path, or remove the ports too)",
         )
-    if existing is not None and _published_elsewhere(output, existing.publication):
+    if existing is not None and _published_elsewhere(ports, existing):
         raise DedupOptionError(
             STORE_PATH,
             options.store_path,
@@ -119,14 +130,19 @@ def check_store(plan: SinkPlan, once: bool = False) -> None:
             "store numbers its windows for the ports of one output",
         )
     store.open(plan.settings)
+    ports.create_tables(plan.schema)
     _checked.add(key)
 
 
-def _published_elsewhere(output: Output, publication: Publication | None) -> bool:
+def _published_elsewhere(ports: PortFormat, manifest: Manifest) -> bool:
     """Whether a store's latest publication belongs to another output: not complete here, and
     no file of it here, staged or in place (after a crash it is finished from the staged files)."""
-    if publication is None or not publication.moves or output.is_published(publication):
+    publication: Publication | None = manifest.publication
+    if publication is None or not publication.moves:
         return False
+    if ports.is_published(publication, manifest.store_id):
+        return False
+    output = ports.output
     return not any(
         output.storage.exists(output.path(move.staged))
         or output.storage.exists(output.path(move.target))

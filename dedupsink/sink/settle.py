@@ -40,7 +40,7 @@ import pyarrow as pa
 from dedupsink.engine.fingerprint import Fingerprints, first_occurrences
 from dedupsink.engine.settings import Rows
 from dedupsink.errors import StoreCorruptError, StoreError
-from dedupsink.sink.output import Output, PortFile, PortWriters, staged_stem
+from dedupsink.ports.output import Output, PortFile, PortWriters, staged_stem
 
 KEYS_SUFFIX = ".keys"
 # A task settles with the keys of at most this many lower partitions (one read each, one at a
@@ -510,7 +510,7 @@ def _move_rows(
 def _staged_file(output: Output, holder: Holder, port: str, rows: pa.Table) -> PortFile | None:
     if not rows.num_rows:
         return None
-    relative = f"{holder.folder}/{staged_stem(holder.partition, holder.attempt)}.{port}.parquet"
+    relative = output.new_staging_file(holder.folder, port, holder.partition, holder.attempt)
     return PortFile(port, relative, rows.num_rows, output.write_table(relative, rows))
 
 

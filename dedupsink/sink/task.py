@@ -26,8 +26,8 @@ from dedupsink.engine.classify import (
 )
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.settings import Rows
+from dedupsink.ports.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.compaction import KeysContext, WrittenKeys, choose_folds, write_window_file
-from dedupsink.sink.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
 from dedupsink.sink.worker import tune_worker_process
@@ -153,7 +153,7 @@ def _classify(
     chunk's unique rows: they wait for the settlement with the other partitions."""
     state = CommittedState(manifest.latest, manifest.category_ordinals())
     classifier = WindowClassifier(plan.settings, state, manager)
-    counts = dict.fromkeys(PORTS, 0)
+    counts: dict[str, int] = dict.fromkeys(PORTS, 0)
     held: Rows | None = None
     for batch in coalesce(batches, COALESCE_ROWS):
         tick = time.perf_counter()

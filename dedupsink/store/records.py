@@ -65,20 +65,35 @@ class Fence:
 
 @dataclass(frozen=True)
 class Move:
-    """One staged port file and the name it is published under (both relative to the output
-    root), with its size in bytes (None in plans written before sizes were recorded)."""
+    """One port file of a window: where its task staged it and the name it is published under
+    (both relative to the output root: the same name where a format's tasks write straight
+    into its tables), its size in bytes and its rows (None in plans written before they were
+    recorded)."""
 
     staged: str
     target: str
     size: int | None
+    rows: int | None = None
+
+    @property
+    def port(self) -> str:
+        """The port the file belongs to: the first folder of its published name."""
+        return self.target.split("/", 1)[0]
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the file was staged where it is published (nothing to move)."""
+        return self.staged == self.target
 
     def to_wire(self) -> list[Any]:
-        return [self.staged, self.target, self.size]
+        return [self.staged, self.target, self.size, self.rows]
 
     @classmethod
     def from_wire(cls, value: Any) -> Move:
-        staged, target, *size = value
-        return cls(staged, target, size[0] if size else None)
+        staged, target, *rest = value
+        size = rest[0] if rest else None
+        rows = rest[1] if len(rest) > 1 else None
+        return cls(staged, target, size, rows)
 
 
 @dataclass(frozen=True)
@@ -129,10 +144,12 @@ class LogEntry:
 
 @dataclass(frozen=True)
 class Publication:
-    """How a committed window becomes readable: the moves of its staged files into the ports,
-    then one log entry per port. Everything a publisher writes follows from this record (sizes
-    and the modification time included), so publishing twice, or by two processes at once,
-    writes the same bytes."""
+    """How a committed window becomes readable, whatever the ports' format: its port files
+    (``moves``: where each was staged, where it is published) and, for plain Parquet ports,
+    one Spark sink-log entry per port (``entries``; none for table formats, whose own commits
+    carry the files). Everything a publisher writes follows from this record (sizes and the
+    modification time included), so publishing twice, or by two processes at once, writes the
+    same bytes or finds the same table commit made."""
 
     window: int
     folder: str  # the window's staging folder, relative to the output root
@@ -148,6 +165,10 @@ class Publication:
 
     def entry(self, port: str) -> LogEntry | None:
         return next((e for e in self.entries if e.port == port), None)
+
+    def files_of(self, port: str) -> list[Move]:
+        """The port files of ``port`` in this window, in their published order."""
+        return [move for move in self.moves if move.port == port]
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -194,7 +215,7 @@ class WindowCounts:
 
     def moved(self, rows: int, source: str, target: str) -> WindowCounts:
         """These counts with ``rows`` rows moved from port ``source`` to port ``target``."""
-        values = {p: self[p] for p in PORTS}
+        values: dict[str, int] = {p: self[p] for p in PORTS}
         values[source] -= rows
         values[target] += rows
         return WindowCounts(**values)

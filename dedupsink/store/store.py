@@ -34,6 +34,8 @@ from dedupsink.options import (
     EXPIRY_PERIOD,
     KEYS,
     NUM_BUCKETS,
+    OUTPUT_FORMAT,
+    OUTPUT_FORMAT_DEFAULT,
     STORE_PATH,
     bool_text,
     human_span,
@@ -68,10 +70,14 @@ _SETTING_OPTIONS = {
     "assume_same_expiry": ASSUME_SAME_EXPIRY,
     "span": BUCKET_SPAN,
     "bucket_count": NUM_BUCKETS,
+    "output_format": OUTPUT_FORMAT,
 }
 # Settings recorded since a later release: a store written before has no such field, and
 # behaves as the default did then.
-_SETTING_DEFAULTS: dict[str, Any] = {"assume_same_expiry": ASSUME_SAME_EXPIRY_DEFAULT}
+_SETTING_DEFAULTS: dict[str, Any] = {
+    "assume_same_expiry": ASSUME_SAME_EXPIRY_DEFAULT,
+    "output_format": OUTPUT_FORMAT_DEFAULT,
+}
 _fetch_pool: ThreadPoolExecutor | None = None
 
 

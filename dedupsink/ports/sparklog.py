@@ -28,7 +28,7 @@ from dedupsink.store.records import LogEntry, Publication
 from dedupsink.store.storage import basename
 
 if TYPE_CHECKING:
-    from dedupsink.sink.output import Output
+    from dedupsink.ports.output import Output
 
 SPARK_LOG_DIR = "_spark_metadata"
 COMPACT_INTERVAL = 10

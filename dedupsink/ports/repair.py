@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dedupsink.sink.output import Output
-from dedupsink.sink.sparklog import PortLog
+from dedupsink.ports.output import Output
+from dedupsink.ports.sparklog import PortLog
 from dedupsink.store.records import LogEntry, Publication
 from dedupsink.store.store import BucketStore
 
@@ -36,11 +36,16 @@ def planned_entries(store: BucketStore, output: Output) -> list[tuple[LogEntry, 
         manifest = store.read(version)
         if manifest is None or manifest.publication is None:
             continue
-        if not output.moved(manifest.publication):
+        if not _moved(output, manifest.publication):
             continue
         for entry in manifest.publication.entries:
             planned[(entry.port, entry.log_id)] = (entry, manifest.publication)
     return [planned[key] for key in sorted(planned, key=lambda k: (k[1], k[0]))]
+
+
+def _moved(output: Output, publication: Publication) -> bool:
+    """Whether every file of a publication is in place under its final name."""
+    return all(output.storage.exists(output.path(move.target)) for move in publication.moves)
 
 
 def repair(store: BucketStore, output: Output, dry_run: bool = False) -> list[LogRepair]:

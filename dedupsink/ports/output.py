@@ -1,13 +1,11 @@
-"""The four output ports on any supported filesystem: staged files and their publication.
+"""Where a task's port files go on any supported filesystem: the output root, staging, writers.
 
-Tasks write each port's rows as Parquet under
+Tasks write each port's rows as Parquet files that no reader sees until the window's commit.
+Where they go is the port format's ``Layout``: under the window's staging folder
 ``<path>/_staging/w<version>-<query>-<batch>-<run>/`` (a ``_`` folder, which Spark and pyarrow
-both skip), one flat folder per window. A committed window is *published* from its
-``Publication`` record: every staged file made readable under its final name in
-``<path>/<port>/`` (``Storage.publish``: a rename, or a server-side copy on object stores), then
-one Spark sink-log entry per port, so ``spark.read.parquet(port)`` sees whole windows only and
-``pyarrow.dataset`` never sees a staged file. Publication is idempotent and deterministic: it
-can be redone after a crash, or by two processes at once.
+both skip) for plain Parquet ports, which the commit then publishes under their final names;
+straight into the table's folder for Delta and Iceberg, whose readers see only the files a
+table commit names. Staged keys (``settle``) always go to the staging folder.
 """
 
 from __future__ import annotations
@@ -19,12 +17,9 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dedupsink.engine.classify import PORTS
 from dedupsink.options import PATH
-from dedupsink.sink.parquet import open_parquet_writer, read_parquet
-from dedupsink.sink.sparklog import SPARK_LOG_DIR, PortLog
-from dedupsink.store.records import Publication
-from dedupsink.store.storage import Storage, basename, join
+from dedupsink.ports.encoding import open_parquet_writer, read_parquet
+from dedupsink.store.storage import Storage, basename
 
 STAGING_DIR = "_staging"
 
@@ -47,6 +42,28 @@ def staged_stem(partition: int, attempt: int) -> str:
     return f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a port format's tasks write their port files. ``in_table``: straight into the
+    port's folder (under ``data_folder``), invisible until a table commit names them; else in
+    the window's staging folder, published under final names by the commit."""
+
+    in_table: bool = False
+    data_folder: str = ""
+
+    def staged_file(self, folder: str, port: str, stem: str) -> str:
+        """A new port file's path, relative to the output root, for a task staging in
+        ``folder`` (whose name carries the window) under the name stem ``stem``."""
+        if not self.in_table:
+            return f"{folder}/{stem}.{port}.parquet"
+        window = staging_window(basename(folder))
+        data = f"{port}/{self.data_folder}/" if self.data_folder else f"{port}/"
+        return f"{data}part-{window:010d}-{stem}.parquet"
+
+
+STAGED = Layout()
+
+
 @dataclass
 class PortFile:
     """A staged Parquet file of one port: its path (relative to the output root), rows, bytes."""
@@ -61,13 +78,18 @@ class Output:
     """The output root of one sink; pickles as its URL and storage options."""
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any] | None = None, option: str = PATH
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        option: str = PATH,
+        layout: Layout = STAGED,
     ) -> None:
         self.storage = Storage.for_url(url.rstrip("/"), storage_options, option)
         self.url = self.storage.url
+        self.layout = layout
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Output, (self.url, self.storage.options))
+        return (Output, (self.url, self.storage.options, PATH, self.layout))
 
     def path(self, relative: str) -> str:
         return self.storage.path(relative)
@@ -86,7 +108,7 @@ class Output:
     # -- staging -----------------------------------------------------------------------------
 
     def new_staging_file(self, folder: str, port: str, partition: int, attempt: int) -> str:
-        return f"{folder}/{staged_stem(partition, attempt)}.{port}.parquet"
+        return self.layout.staged_file(folder, port, staged_stem(partition, attempt))
 
     def open_staged(self, relative: str) -> IO[bytes]:
         return self.storage.open_write(self.path(relative))
@@ -103,8 +125,13 @@ class Output:
             return read_parquet(handle)
 
     def discard_staging(self, folder: str, known: list[str]) -> None:
-        """Remove a window's staging folder, whose files are ``known`` (relative paths)."""
-        self.storage.discard_folder(self.path(folder), [self.path(relative) for relative in known])
+        """Remove a window's staging folder, whose files are ``known`` (relative paths), and
+        the known files staged elsewhere (in a table's folder, never committed)."""
+        inside = [self.path(f) for f in known if f.startswith(folder + "/")]
+        outside = [self.path(f) for f in known if not f.startswith(folder + "/")]
+        if outside:
+            self.storage.delete(outside)
+        self.storage.discard_folder(self.path(folder), inside)
 
     def remove_stale_staging(self, version: int) -> None:
         """Remove the staging folders of windows up to ``version``: committed and published, or
@@ -117,34 +144,6 @@ class Output:
         for name in self.storage.folders(root):  # what folders are left where folders exist
             if staging_window(name) <= version:
                 self.storage.delete_folder(self.path(f"{STAGING_DIR}/{name}"))
-
-    # -- the ports ---------------------------------------------------------------------------
-
-    def port_files(self, port: str) -> list[str]:
-        names = self.storage.entries(self.path(port))
-        return sorted(self.path(f"{port}/{name}") for name in names if name.endswith(".parquet"))
-
-    def has_windows(self) -> bool:
-        """Whether a port already logs a window (every window logs an entry in every port)."""
-        return any(PortLog(self, port).exists(0) for port in PORTS)
-
-    # -- publication -------------------------------------------------------------------------
-
-    def publish(self, publication: Publication) -> None:
-        """Make a committed window readable: its files, then its log entries; safe to repeat."""
-        for move in publication.moves:
-            self.storage.publish(self.path(move.staged), self.path(move.target), move.size)
-        for entry in publication.entries:
-            PortLog(self, entry.port).write(entry, publication)
-
-    def moved(self, publication: Publication) -> bool:
-        """Whether every file of a publication is in place under its final name."""
-        return all(self.storage.exists(self.path(move.target)) for move in publication.moves)
-
-    def is_published(self, publication: Publication) -> bool:
-        """Whether a publication completed: its last log entry, written last, is there."""
-        last = publication.entries[-1]
-        return PortLog(self, last.port).exists(last.log_id)
 
 
 class PortWriters:
@@ -218,13 +217,3 @@ def staging_window(name: str) -> int:
     """The window of a staging folder's name; -1 for a name of another form."""
     head = name.split("-", 1)[0]
     return int(head[1:]) if head.startswith("w") and head[1:].isdigit() else -1
-
-
-def spark_log_folder(port: str) -> str:
-    return join(port, SPARK_LOG_DIR)
-
-
-def part_window(name: str) -> int:
-    """The window number of a published file ``part-<window>-...``; -1 for other names."""
-    parts = basename(name).split("-")
-    return int(parts[1]) if len(parts) > 2 and parts[0] == "part" and parts[1].isdigit() else -1

@@ -1,0 +1,110 @@
+"""The seam between the commit and the ports: one ``PortFormat`` class per output format.
+
+A format decides where a task's port files go (its ``Layout``), what a window's publication
+record lists for each port (``plan_port``), how a committed window becomes readable
+(``publish``, idempotent: redone after a crash, by a re-run or by two processes at once, it
+adds nothing), whether it has (``is_published``), and what ``inspect`` and ``repair`` show.
+At query start, on the driver and before any output, ``check_tables`` refuses what cannot work
+(a missing extra, a catalog out of reach, a table whose schema differs) and ``create_tables``
+makes the tables a format needs. A fourth format is one module with one such class, added to
+``formats.FORMATS``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+
+from dedupsink.errors import DedupOptionError
+from dedupsink.options import OUTPUT_FORMAT, PATH, DedupOptions
+from dedupsink.ports.output import STAGED, Layout, Output, PortFile
+from dedupsink.store.format import PortState
+from dedupsink.store.records import LogEntry, Move, Publication
+
+if TYPE_CHECKING:
+    from dedupsink.ports.repair import LogRepair
+    from dedupsink.store.store import BucketStore
+
+
+class PortFormat(ABC):
+    """How the four ports of one output are written and published."""
+
+    name: ClassVar[str]
+    layout: ClassVar[Layout] = STAGED
+    # Whether a port with no rows in the store's first window needs an empty file to show its
+    # schema (plain Parquet); tables are created with theirs.
+    schema_files: ClassVar[bool] = False
+
+    def __init__(self, options: DedupOptions) -> None:
+        self.options = options
+        self.output = Output(options.path, options.storage_options, PATH, self.layout)
+
+    # -- at query start (driver, before any output) ------------------------------------------
+
+    @abstractmethod
+    def check_tables(self, schema: pa.Schema) -> None:
+        """Refuse what would fail later: a missing package, a table of another schema."""
+
+    @abstractmethod
+    def create_tables(self, schema: pa.Schema) -> None:
+        """Create the port tables that are missing (idempotent)."""
+
+    @abstractmethod
+    def has_windows(self) -> bool:
+        """Whether the ports already hold a published window (of whichever store)."""
+
+    # -- the commit ------------------------------------------------------------------------------
+
+    def plan_port(
+        self, port: str, state: PortState, files: list[PortFile], version: int, now_ms: int
+    ) -> tuple[list[Move], LogEntry | None]:
+        """The publication of one port's files of window ``version``, ``state`` advanced past
+        it. Table formats publish each file where its task wrote it."""
+        state.files += len(files)
+        state.rows += sum(f.rows for f in files)
+        state.next_log += 1  # windows published to the port (Parquet's log ids count the same)
+        return [Move(f.path, f.path, f.size, f.rows) for f in files], None
+
+    @abstractmethod
+    def publish(self, publication: Publication, store_id: str) -> None:
+        """Make a committed window readable in every port; adds nothing if it already is."""
+
+    @abstractmethod
+    def is_published(self, publication: Publication, store_id: str) -> bool:
+        """Whether every port shows the window."""
+
+    # -- operating -------------------------------------------------------------------------------
+
+    def describe(self, port: str, store_id: str) -> dict[str, Any]:
+        """What ``inspect`` shows of one port beyond the store's own counts."""
+        return {}
+
+    def repair(self, store: BucketStore, dry_run: bool = False) -> list[LogRepair]:
+        """Rewrite what the store can vouch for and the ports lost (Spark's sink log); table
+        formats keep their own log, which nothing here rewrites."""
+        return []
+
+
+def missing_extra(format_name: str, package: str, exc: ImportError) -> DedupOptionError:
+    """The error for a format whose optional package is not installed."""
+    return DedupOptionError(
+        OUTPUT_FORMAT,
+        format_name,
+        f"a format whose package is installed: {format_name} needs {package} "
+        f"(pip install 'dedupsink[{format_name}]'; {exc})",
+    )
+
+
+def schema_differences(wanted: list[tuple[str, str]], found: list[tuple[str, str]]) -> list[str]:
+    """What differs between two schemas given as (column, type) pairs, column by column."""
+    wanted_types, found_types = dict(wanted), dict(found)
+    differences = [
+        f"{name}: {found_types[name]} -> {kind}"
+        for name, kind in wanted
+        if name in found_types and found_types[name] != kind
+    ]
+    differences += [f"{name} is new" for name, _ in wanted if name not in found_types]
+    differences += [f"{name} is missing" for name, _ in found if name not in wanted_types]
+    return differences

@@ -1,0 +1,303 @@
+"""Delta Lake ports: each port a Delta table at ``<path>/<port>``, committed through delta-rs.
+
+Tasks write their Parquet files straight into the table's folder: a file that no Delta commit
+names is invisible to every Delta reader, so nothing is copied or renamed. Publishing a window
+is one Delta commit per port with rows, adding its files and carrying an application
+transaction: app id ``dedupsink-<store id>-<port>``, version = the store version (Delta's
+``txnAppId``/``txnVersion``). A publisher first asks the table for that app id's version, so a
+publication redone after a crash, by a re-run or by a second process finds its version
+committed and adds nothing. The commit itself is conditional: delta-rs creates the next log
+entry only if absent (a hard link locally, ``If-None-Match: *`` on S3, the object stores' own
+conditional puts elsewhere) and is told not to retry, so a loser reads the table again and
+finds the winner's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qsl
+
+import pyarrow as pa
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.errors import DedupOptionError, PortTableError
+from dedupsink.options import OUTPUT_FORMAT, PATH
+from dedupsink.ports.base import PortFormat, missing_extra, schema_differences
+from dedupsink.ports.encoding import port_schema
+from dedupsink.ports.output import Layout
+from dedupsink.store.records import Move, Publication
+from dedupsink.store.storage import Storage
+
+# A commit that lost a race reads the table again; a loser finds the winner's transaction, so
+# more than a few rounds means another writer keeps committing other data to the port table.
+_COMMIT_ROUNDS = 8
+# A stuck request to an object store fails after this long and is retried (delta-rs's default
+# waits minutes).
+_REQUEST_TIMEOUT = "30s"
+
+
+class DeltaPorts(PortFormat):
+    """``outputFormat=delta``: each port a Delta Lake table."""
+
+    name = "delta"
+    layout = Layout(in_table=True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.storage_options = delta_storage_options(self.output.storage)
+
+    def table_uri(self, port: str) -> str:
+        storage = self.output.storage
+        path = self.output.path(port)
+        return path if storage.family == "local" else storage.full_url(path)
+
+    def app_id(self, store_id: str, port: str) -> str:
+        return f"dedupsink-{store_id}-{port}"
+
+    # -- at query start --------------------------------------------------------------------------
+
+    def check_tables(self, schema: pa.Schema) -> None:
+        deltalake = _deltalake()
+        if self.output.storage.family == "memory":
+            raise DedupOptionError(
+                PATH,
+                self.options.path,
+                "a filesystem other processes reach with outputFormat=delta (delta-rs cannot "
+                "see fsspec's memory://)",
+            )
+        for port in PORTS:
+            table = self._table(deltalake, port)
+            if table is not None:
+                self._check_schema(deltalake, table, port, schema)
+
+    def create_tables(self, schema: pa.Schema) -> None:
+        deltalake = _deltalake()
+        for port in PORTS:
+            if self._table(deltalake, port) is not None:
+                continue
+            try:
+                deltalake.DeltaTable.create(
+                    self.table_uri(port),
+                    port_schema(port, schema),
+                    mode="ignore",
+                    storage_options=self.storage_options,
+                )
+            except deltalake.exceptions.DeltaError as exc:
+                if self._table(deltalake, port) is None:  # else another process created it
+                    raise PortTableError(
+                        f"cannot create the Delta table {self.table_uri(port)}: {exc}"
+                    ) from exc
+
+    def _table(self, deltalake: Any, port: str) -> Any:
+        """The port's table, or None if there is none yet."""
+        uri = self.table_uri(port)
+        try:
+            return deltalake.DeltaTable(uri, storage_options=self.storage_options)
+        except deltalake.exceptions.TableNotFoundError:
+            return None
+        except (deltalake.exceptions.DeltaError, OSError) as exc:
+            raise PortTableError(f"cannot read the Delta table {uri}: {exc}") from exc
+
+    def _check_schema(self, deltalake: Any, table: Any, port: str, schema: pa.Schema) -> None:
+        wanted = _shape(deltalake.Schema.from_arrow(port_schema(port, schema)))
+        found = _shape(table.schema())
+        differences = schema_differences(wanted, found)
+        if differences:
+            raise DedupOptionError(
+                OUTPUT_FORMAT,
+                self.name,
+                f"an input whose columns match the Delta table {self.table_uri(port)} "
+                f"(differ: {'; '.join(differences)}); write to a new path for a new schema",
+            )
+
+    def has_windows(self) -> bool:
+        deltalake = _deltalake()
+        for port in PORTS:
+            table = self._table(deltalake, port)
+            if table is not None and table.version() > 0:
+                return True
+        return False
+
+    # -- the commit ------------------------------------------------------------------------------
+
+    def publish(self, publication: Publication, store_id: str) -> None:
+        deltalake = _deltalake()
+        for port in PORTS:
+            files = publication.files_of(port)
+            if files:
+                self._commit(deltalake, port, files, publication, store_id)
+
+    def is_published(self, publication: Publication, store_id: str) -> bool:
+        deltalake = _deltalake()
+        for port in PORTS:
+            if publication.files_of(port):
+                table = self._table(deltalake, port)
+                if table is None or not self._committed(table, store_id, port, publication):
+                    return False
+        return True
+
+    def _committed(self, table: Any, store_id: str, port: str, publication: Publication) -> bool:
+        version = table.transaction_version(self.app_id(store_id, port))
+        return version is not None and version >= publication.window
+
+    def _commit(
+        self,
+        deltalake: Any,
+        port: str,
+        files: list[Move],
+        publication: Publication,
+        store_id: str,
+    ) -> None:
+        from deltalake.transaction import AddAction, CommitProperties, Transaction
+
+        app_id = self.app_id(store_id, port)
+        actions = [
+            AddAction(
+                move.target[len(port) + 1 :],
+                move.size or 0,
+                {},
+                publication.modified_ms,
+                True,
+                json.dumps({"numRecords": move.rows or 0}),
+            )
+            for move in files
+        ]
+        properties = CommitProperties(
+            app_transactions=[Transaction(app_id, publication.window)],
+            custom_metadata={
+                "dedupsink.store": store_id,
+                "dedupsink.version": str(publication.window),
+            },
+            max_commit_retries=0,
+        )
+        for _ in range(_COMMIT_ROUNDS):
+            table = self._table(deltalake, port)
+            if table is None:
+                raise PortTableError(f"the Delta table {self.table_uri(port)} is gone")
+            if self._committed(table, store_id, port, publication):
+                return
+            try:
+                table.create_write_transaction(
+                    actions, mode="append", schema=table.schema(), commit_properties=properties
+                )
+                return
+            except deltalake.exceptions.CommitFailedError:
+                continue  # another commit took the table's next version: read it again
+            except deltalake.exceptions.DeltaError as exc:
+                raise PortTableError(
+                    f"cannot commit window {publication.window} to the Delta table "
+                    f"{self.table_uri(port)}: {exc}"
+                ) from exc
+        raise PortTableError(
+            f"the Delta table {self.table_uri(port)} kept changing under the commit of window "
+            f"{publication.window} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
+        )
+
+    # -- operating -------------------------------------------------------------------------------
+
+    def describe(self, port: str, store_id: str) -> dict[str, Any]:
+        table = self._table(_deltalake(), port)
+        if table is None:
+            return {"table": self.table_uri(port), "table_version": None}
+        return {
+            "table": self.table_uri(port),
+            "table_version": table.version(),
+            "published_version": table.transaction_version(self.app_id(store_id, port)),
+        }
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+        import deltalake.exceptions
+    except ImportError as exc:
+        raise missing_extra("delta", "deltalake", exc) from exc
+    return deltalake
+
+
+def _shape(schema: Any) -> list[tuple[str, str]]:
+    """A Delta schema as (column, type) pairs, nullability aside (Spark marks the same column
+    nullable in one query and not in another)."""
+    fields = json.loads(schema.to_json())["fields"]
+    return [
+        (f["name"], json.dumps(_without_nullability(f["type"]), sort_keys=True)) for f in fields
+    ]
+
+
+def _without_nullability(kind: Any) -> Any:
+    if isinstance(kind, dict):
+        return {
+            key: _without_nullability(value)
+            for key, value in kind.items()
+            if key not in ("nullable", "containsNull", "valueContainsNull", "metadata")
+        }
+    if isinstance(kind, list):
+        return [_without_nullability(item) for item in kind]
+    return kind
+
+
+def delta_storage_options(storage: Storage) -> dict[str, str]:
+    """The sink's ``fs.*`` options (fsspec's names) as delta-rs storage options."""
+    options = storage.options
+    if storage.family == "s3":
+        return _s3_options(options)
+    if storage.family == "azure":
+        return _azure_options(options)
+    if storage.family == "gcs":
+        return _gcs_options(options)
+    return {}
+
+
+_S3_NAMES = {
+    "endpoint_url": "AWS_ENDPOINT_URL",
+    "key": "AWS_ACCESS_KEY_ID",
+    "secret": "AWS_SECRET_ACCESS_KEY",
+    "token": "AWS_SESSION_TOKEN",
+    "region_name": "AWS_REGION",
+}
+
+
+def _s3_options(options: dict[str, Any]) -> dict[str, str]:
+    translated = {_S3_NAMES[k]: str(v) for k, v in options.items() if k in _S3_NAMES}
+    if options.get("anon") is True:
+        translated["AWS_SKIP_SIGNATURE"] = "true"
+    if translated.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        translated["AWS_ALLOW_HTTP"] = "true"
+    translated.setdefault("timeout", _REQUEST_TIMEOUT)
+    return translated
+
+
+def _azure_options(options: dict[str, Any]) -> dict[str, str]:
+    translated: dict[str, str] = {}
+    connection = options.get("connection_string")
+    if connection:
+        parts = dict(parse_qsl(str(connection).replace(";", "&"), keep_blank_values=True))
+        if "AccountName" in parts:
+            translated["AZURE_STORAGE_ACCOUNT_NAME"] = parts["AccountName"]
+        if "AccountKey" in parts:
+            translated["AZURE_STORAGE_ACCOUNT_KEY"] = parts["AccountKey"]
+        if "BlobEndpoint" in parts:
+            translated["AZURE_STORAGE_ENDPOINT"] = parts["BlobEndpoint"]
+    names = {
+        "account_name": "AZURE_STORAGE_ACCOUNT_NAME",
+        "account_key": "AZURE_STORAGE_ACCOUNT_KEY",
+        "sas_token": "AZURE_STORAGE_SAS_TOKEN",
+        "tenant_id": "AZURE_STORAGE_TENANT_ID",
+        "client_id": "AZURE_STORAGE_CLIENT_ID",
+        "client_secret": "AZURE_STORAGE_CLIENT_SECRET",
+    }
+    translated.update({names[k]: str(v) for k, v in options.items() if k in names})
+    if translated.get("AZURE_STORAGE_ENDPOINT", "").startswith("http://"):
+        translated["AZURE_STORAGE_ALLOW_HTTP"] = "true"
+    translated.setdefault("timeout", _REQUEST_TIMEOUT)
+    return translated
+
+
+def _gcs_options(options: dict[str, Any]) -> dict[str, str]:
+    translated: dict[str, str] = {}
+    token = options.get("token")
+    if isinstance(token, str) and token not in ("anon", "google_default", "cloud", "browser"):
+        translated["GOOGLE_SERVICE_ACCOUNT"] = token
+    translated.setdefault("timeout", _REQUEST_TIMEOUT)
+    return translated

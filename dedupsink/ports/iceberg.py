@@ -1,0 +1,263 @@
+"""Iceberg ports: each port an Iceberg table ``<namespace>.<table>_<port>`` at ``<path>/<port>``.
+
+The catalog is given by ``iceberg.catalog.<property>`` options, passed to pyiceberg's
+``load_catalog`` (REST, SQL, Glue, Hive, ...); on a local ``path`` with none, an embedded SQL
+catalog in the SQLite file ``<path>/_iceberg_catalog.db`` serves. Tasks write their Parquet
+files under ``<path>/<port>/data/``, where no Iceberg reader sees them until a snapshot lists
+them. Publishing a window adds a port's files in one snapshot (``Table.add_files``) whose
+summary records the store and its version; a publisher first looks for that version among the
+table's snapshots, so a publication redone after a crash, by a re-run or by a second process
+adds nothing. The catalog's commit is conditional (it swaps the table's metadata only from the
+one the commit read), so of two racing publishers one fails, reads the table again and finds
+the other's snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pyarrow as pa
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.errors import DedupOptionError, PortTableError
+from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT
+from dedupsink.ports.base import PortFormat, missing_extra, schema_differences
+from dedupsink.ports.encoding import port_schema
+from dedupsink.ports.output import Layout
+from dedupsink.store.records import Move, Publication
+
+CATALOG_FILE = "_iceberg_catalog.db"
+CATALOG_NAME = "dedupsink"
+# Snapshot summary properties that tie a snapshot to the store's commit.
+STORE_PROPERTY = "dedupsink.store"
+VERSION_PROPERTY = "dedupsink.version"
+_COMMIT_ROUNDS = 8
+# A catalog per set of properties, per process: a SQL catalog opens a database engine, a REST
+# one authenticates; a commit in a long-lived driver process reuses it.
+_catalogs: dict[tuple[tuple[str, str], ...], Any] = {}
+_catalogs_lock = threading.Lock()
+
+
+class IcebergPorts(PortFormat):
+    """``outputFormat=iceberg``: each port an Iceberg table."""
+
+    name = "iceberg"
+    layout = Layout(in_table=True, data_folder="data")
+
+    def identifier(self, port: str) -> tuple[str, str]:
+        return (self.options.table_namespace, f"{self.options.table_prefix}_{port}")
+
+    def table_name(self, port: str) -> str:
+        return ".".join(self.identifier(port))
+
+    def location(self, port: str) -> str:
+        return self.output.storage.full_url(self.output.path(port))
+
+    def catalog_properties(self) -> dict[str, str]:
+        """The user's catalog properties; on a local path with none, the embedded SQLite
+        catalog. Object-store credentials given as ``fs.*`` reach the catalog's file access."""
+        given = dict(self.options.iceberg_catalog)
+        storage = self.output.storage
+        if not given and storage.family == "local":
+            root = self.output.storage.path()
+            given = {
+                "type": "sql",
+                "uri": f"sqlite:///{root}/{CATALOG_FILE}",
+                "warehouse": storage.full_url(root),
+            }
+        return {**_file_io_properties(storage.family, storage.options), **given}
+
+    def catalog(self) -> Any:
+        properties = self.catalog_properties()
+        key = tuple(sorted(properties.items()))
+        with _catalogs_lock:
+            if key not in _catalogs:
+                _catalogs[key] = self._load_catalog(properties)
+            return _catalogs[key]
+
+    def _load_catalog(self, properties: dict[str, str]) -> Any:
+        pyiceberg = _pyiceberg()
+        uri = properties.get("uri", "")
+        if uri.startswith("sqlite:///"):
+            os.makedirs(os.path.dirname(uri[len("sqlite:///") :]) or ".", exist_ok=True)
+        try:
+            return pyiceberg.catalog.load_catalog(CATALOG_NAME, **properties)
+        except Exception as exc:  # pyiceberg raises its own, SQLAlchemy's and the OS's errors
+            raise DedupOptionError(
+                ICEBERG_CATALOG_PREFIX + "<property>",
+                self.options.mask(str(properties)),
+                f"a catalog pyiceberg can load ({type(exc).__name__}: {exc})",
+            ) from exc
+
+    # -- at query start --------------------------------------------------------------------------
+
+    def check_tables(self, schema: pa.Schema) -> None:
+        catalog = self.catalog()
+        try:
+            catalog.list_namespaces()
+        except Exception as exc:  # an unreachable catalog: whatever its client raises
+            raise DedupOptionError(
+                ICEBERG_CATALOG_PREFIX + "uri",
+                self.options.mask(str(self.catalog_properties().get("uri"))),
+                f"a catalog that can be reached ({type(exc).__name__}: {exc})",
+            ) from exc
+        for port in PORTS:
+            table = self._table(port)
+            if table is not None:
+                self._check_table(table, port, schema)
+
+    def create_tables(self, schema: pa.Schema) -> None:
+        exceptions = _pyiceberg().exceptions
+        catalog = self.catalog()
+        catalog.create_namespace_if_not_exists(self.options.table_namespace)
+        for port in PORTS:
+            if self._table(port) is not None:
+                continue
+            try:
+                catalog.create_table(
+                    self.identifier(port), port_schema(port, schema), location=self.location(port)
+                )
+            except exceptions.TableAlreadyExistsError:
+                continue  # another process created it
+
+    def _table(self, port: str) -> Any:
+        exceptions = _pyiceberg().exceptions
+        try:
+            return self.catalog().load_table(self.identifier(port))
+        except (exceptions.NoSuchTableError, exceptions.NoSuchNamespaceError):
+            return None
+
+    def _check_table(self, table: Any, port: str, schema: pa.Schema) -> None:
+        name = self.table_name(port)
+        if table.location().rstrip("/") != self.location(port):
+            raise DedupOptionError(
+                OUTPUT_FORMAT,
+                self.name,
+                f"the Iceberg table {name} at {self.location(port)}, where the sink writes its "
+                f"files (it is at {table.location()}); set iceberg.table to another name",
+            )
+        wanted = _shape(self.catalog(), port_schema(port, schema))
+        found = _shape(self.catalog(), table.schema().as_arrow())
+        differences = schema_differences(wanted, found)
+        if differences:
+            raise DedupOptionError(
+                OUTPUT_FORMAT,
+                self.name,
+                f"an input whose columns match the Iceberg table {name} "
+                f"(differ: {'; '.join(differences)}); write to a new path for a new schema",
+            )
+
+    def has_windows(self) -> bool:
+        for port in PORTS:
+            table = self._table(port)
+            if table is not None and table.current_snapshot() is not None:
+                return True
+        return False
+
+    # -- the commit ------------------------------------------------------------------------------
+
+    def publish(self, publication: Publication, store_id: str) -> None:
+        for port in PORTS:
+            files = publication.files_of(port)
+            if files:
+                self._commit(port, files, publication, store_id)
+
+    def is_published(self, publication: Publication, store_id: str) -> bool:
+        for port in PORTS:
+            if publication.files_of(port):
+                table = self._table(port)
+                if table is None or published_version(table, store_id) < publication.window:
+                    return False
+        return True
+
+    def _commit(
+        self, port: str, files: list[Move], publication: Publication, store_id: str
+    ) -> None:
+        exceptions = _pyiceberg().exceptions
+        paths = [self.output.storage.full_url(self.output.path(move.target)) for move in files]
+        summary = {STORE_PROPERTY: store_id, VERSION_PROPERTY: str(publication.window)}
+        for _ in range(_COMMIT_ROUNDS):
+            table = self._table(port)
+            if table is None:
+                raise PortTableError(f"the Iceberg table {self.table_name(port)} is gone")
+            if published_version(table, store_id) >= publication.window:
+                return
+            try:
+                table.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
+                return
+            except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException):
+                continue  # the table changed, or the commit may have landed: read it again
+        raise PortTableError(
+            f"the Iceberg table {self.table_name(port)} kept changing under the commit of window "
+            f"{publication.window} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
+        )
+
+    # -- operating -------------------------------------------------------------------------------
+
+    def describe(self, port: str, store_id: str) -> dict[str, Any]:
+        table = self._table(port)
+        if table is None:
+            return {"table": self.table_name(port), "snapshots": None}
+        return {
+            "table": self.table_name(port),
+            "snapshots": len(table.snapshots()),
+            "published_version": published_version(table, store_id),
+        }
+
+
+def published_version(table: Any, store_id: str) -> int:
+    """The newest store version a snapshot of ``table`` records for ``store_id`` (-1: none).
+    Versions only grow, so the newest snapshots, which are never expired first, decide."""
+    newest = -1
+    for snapshot in table.snapshots():
+        summary = snapshot.summary
+        if summary is not None and summary.get(STORE_PROPERTY) == store_id:
+            newest = max(newest, int(summary.get(VERSION_PROPERTY, -1)))
+    return newest
+
+
+def _shape(catalog: Any, schema: pa.Schema) -> list[tuple[str, str]]:
+    """An Arrow schema as Iceberg types, (column, type) pairs, nullability and ids aside."""
+    converted = catalog._convert_schema_if_needed(schema)
+    return [(field.name, _type_text(field.field_type)) for field in converted.fields]
+
+
+def _type_text(kind: Any) -> str:
+    from pyiceberg.types import ListType, MapType, StructType
+
+    if isinstance(kind, StructType):
+        return (
+            "struct<"
+            + ", ".join(f"{f.name}: {_type_text(f.field_type)}" for f in kind.fields)
+            + ">"
+        )
+    if isinstance(kind, ListType):
+        return f"list<{_type_text(kind.element_type)}>"
+    if isinstance(kind, MapType):
+        return f"map<{_type_text(kind.key_type)}, {_type_text(kind.value_type)}>"
+    return str(kind)
+
+
+def _file_io_properties(family: str, options: dict[str, Any]) -> dict[str, str]:
+    """The ``fs.*`` options of an S3 output as pyiceberg's file-access properties."""
+    if family != "s3":
+        return {}
+    names = {
+        "endpoint_url": "s3.endpoint",
+        "key": "s3.access-key-id",
+        "secret": "s3.secret-access-key",
+        "token": "s3.session-token",
+        "region_name": "s3.region",
+    }
+    return {names[k]: str(v) for k, v in options.items() if k in names}
+
+
+def _pyiceberg() -> Any:
+    try:
+        import pyiceberg.catalog
+        import pyiceberg.exceptions
+    except ImportError as exc:
+        raise missing_extra("iceberg", "pyiceberg", exc) from exc
+    return pyiceberg

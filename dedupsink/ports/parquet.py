@@ -1,0 +1,89 @@
+"""Plain Parquet ports: a folder per port, with Spark's file-sink log for Spark's readers.
+
+Tasks stage their files under the window's ``_staging`` folder. The publication moves each to
+its final name ``<port>/part-<version>-p<partition>-<n>.parquet`` (``Storage.publish``: a
+rename, or a server-side copy on object stores), then writes one Spark sink-log entry per port
+(``sparklog``), so ``spark.read.parquet(port)`` sees whole windows only and ``pyarrow.dataset``
+never sees a staged file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.ports.base import PortFormat
+from dedupsink.ports.output import PortFile
+from dedupsink.ports.sparklog import PortLog, is_compaction
+from dedupsink.store.format import PortState
+from dedupsink.store.records import LogEntry, Logged, Move, Publication
+from dedupsink.store.storage import basename
+
+if TYPE_CHECKING:
+    from dedupsink.ports.repair import LogRepair
+    from dedupsink.store.store import BucketStore
+
+
+class ParquetPorts(PortFormat):
+    """``outputFormat=parquet``: Parquet datasets with Spark's file-sink log (the default)."""
+
+    name = "parquet"
+    schema_files = True
+
+    def check_tables(self, schema: pa.Schema) -> None:
+        """Nothing to check: a Parquet port takes any schema (each file carries its own)."""
+
+    def create_tables(self, schema: pa.Schema) -> None:
+        """Nothing to create: a port's folder appears with its first file."""
+
+    def has_windows(self) -> bool:
+        # Every window logs an entry in every port.
+        return any(PortLog(self.output, port).exists(0) for port in PORTS)
+
+    def plan_port(
+        self, port: str, state: PortState, files: list[PortFile], version: int, now_ms: int
+    ) -> tuple[list[Move], LogEntry | None]:
+        """Final names for the port's staged files and the port's next log entry; ``state``
+        records the files logged since the last compaction, which the next one repeats."""
+        moves = []
+        for index, record in enumerate(files):
+            partition = basename(record.path).split("-")[0]
+            target = f"{port}/part-{version:010d}-{partition}-{index:03d}.parquet"
+            moves.append(Move(record.path, target, record.size, record.rows))
+        targets = tuple(move.target for move in moves)
+        compaction = is_compaction(state.next_log)
+        earlier = None if state.recent is None else tuple(state.recent)
+        entry = LogEntry(
+            port, state.next_log, targets, state.files, earlier if compaction else None
+        )
+        if compaction:
+            state.recent = []
+        elif state.recent is not None:
+            state.recent.extend(Logged(m.target, m.size or 0, now_ms) for m in moves)
+        state.files += len(moves)
+        state.rows += sum(record.rows for record in files)
+        state.next_log += 1
+        return moves, entry
+
+    def publish(self, publication: Publication, store_id: str) -> None:
+        """Each file under its final name, then the log entries; safe to repeat."""
+        storage = self.output.storage
+        for move in publication.moves:
+            storage.publish(self.output.path(move.staged), self.output.path(move.target), move.size)
+        for entry in publication.entries:
+            PortLog(self.output, entry.port).write(entry, publication)
+
+    def is_published(self, publication: Publication, store_id: str) -> bool:
+        """Whether the last log entry, written last, is there."""
+        last = publication.entries[-1]
+        return PortLog(self.output, last.port).exists(last.log_id)
+
+    def describe(self, port: str, store_id: str) -> dict[str, Any]:
+        return {"log_entries_on_disk": len(PortLog(self.output, port).ids())}
+
+    def repair(self, store: BucketStore, dry_run: bool = False) -> list[LogRepair]:
+        from dedupsink.ports.repair import repair
+
+        return repair(store, self.output, dry_run)
