@@ -24,6 +24,7 @@ from typing import Literal
 from dedupsink.cli.errors import ConfigError
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import (
+    ICEBERG_CATALOG_PREFIX,
     PATH,
     SINK_OPTIONS,
     STORAGE_OPTION_PREFIX,
@@ -126,9 +127,11 @@ class JobConfig:
 
     @property
     def sink_options(self) -> dict[str, str]:
-        """The sink's options: the named ones and every ``fs.<name>`` storage option."""
+        """The sink's options: the named ones, every ``fs.<name>`` storage option and every
+        ``iceberg.catalog.<property>``."""
         named = {key: self.settings[key].value for key in SINK_OPTIONS if key in self.settings}
-        return {**named, **self.prefixed(STORAGE_OPTION_PREFIX, strip=False)}
+        storage = self.prefixed(STORAGE_OPTION_PREFIX, strip=False)
+        return {**named, **storage, **self.prefixed(ICEBERG_CATALOG_PREFIX, strip=False)}
 
 
 def canonical_key(key: str, where: str) -> str:
@@ -139,8 +142,9 @@ def canonical_key(key: str, where: str) -> str:
         return key
     if key.startswith(SPARK_PREFIX) and len(key) > len(SPARK_PREFIX):
         return key
-    if key.startswith(STORAGE_OPTION_PREFIX) and len(key) > len(STORAGE_OPTION_PREFIX):
-        return key
+    for prefix in (STORAGE_OPTION_PREFIX, ICEBERG_CATALOG_PREFIX):
+        if key.startswith(prefix) and len(key) > len(prefix):
+            return key
     raise ConfigError(key, f"unknown key {key!r}{_hint(key)}", where)
 
 

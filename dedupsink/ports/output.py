@@ -127,11 +127,15 @@ class Output:
     def discard_staging(self, folder: str, known: list[str]) -> None:
         """Remove a window's staging folder, whose files are ``known`` (relative paths), and
         the known files staged elsewhere (in a table's folder, never committed)."""
+        self.discard_outside(folder, known)
         inside = [self.path(f) for f in known if f.startswith(folder + "/")]
+        self.storage.discard_folder(self.path(folder), inside)
+
+    def discard_outside(self, folder: str, known: list[str]) -> None:
+        """Delete those of ``known`` that were staged outside the staging folder ``folder``."""
         outside = [self.path(f) for f in known if not f.startswith(folder + "/")]
         if outside:
             self.storage.delete(outside)
-        self.storage.discard_folder(self.path(folder), inside)
 
     def remove_stale_staging(self, version: int) -> None:
         """Remove the staging folders of windows up to ``version``: committed and published, or

@@ -113,9 +113,11 @@ def commit_window(
         finish_publication(ports, latest)
         return _discard_rerun(store, output, done, latest, writer, batch_id)
     publish(ports, nxt)
-    if nxt.version % GARBAGE_EVERY:  # else the garbage collection sweeps it with the rest
-        staged = staged_files(holders, moves) + [f.path for f in schema_files]
-        output.discard_staging(done[0].folder, _unpublished(staged, nxt))
+    staged = _unpublished(staged_files(holders, moves) + [f.path for f in schema_files], nxt)
+    if nxt.version % GARBAGE_EVERY:
+        output.discard_staging(done[0].folder, staged)
+    else:  # the garbage collection sweeps the staging folders, but not the tables' folders
+        output.discard_outside(done[0].folder, staged)
     _collect_garbage(store, output, nxt, writer.run)
     report = _report(plan, nxt, done, writer, batch_id)
     log.info(report.line())
