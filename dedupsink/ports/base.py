@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import OUTPUT_FORMAT, PATH, DedupOptions
+from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import STAGED, Layout, Output, PortFile
 from dedupsink.store.format import PortState
 from dedupsink.store.records import LogEntry, Move, Publication
@@ -95,6 +96,26 @@ def missing_extra(format_name: str, package: str, exc: ImportError) -> DedupOpti
         f"a format whose package is installed: {format_name} needs {package} "
         f"(pip install 'dedupsink[{format_name}]'; {exc})",
     )
+
+
+def table_schema(port: str, schema: pa.Schema) -> pa.Schema:
+    """A port table's schema: the port's columns, every one nullable at every depth. Spark marks
+    the same column nullable in one query and not in another (a file source's are nullable, a
+    literal's not); a table that required values would refuse the next query's files."""
+    return pa.schema([_nullable(f) for f in port_schema(port, schema)])
+
+
+def _nullable(field: pa.Field) -> pa.Field:
+    kind = field.type
+    if pa.types.is_struct(kind):
+        kind = pa.struct([_nullable(kind.field(i)) for i in range(kind.num_fields)])
+    elif pa.types.is_large_list(kind):
+        kind = pa.large_list(_nullable(kind.value_field))
+    elif pa.types.is_list(kind):
+        kind = pa.list_(_nullable(kind.value_field))
+    elif pa.types.is_map(kind):
+        kind = pa.map_(_nullable(kind.key_field).with_nullable(False), _nullable(kind.item_field))
+    return field.with_type(kind).with_nullable(True)
 
 
 def schema_differences(wanted: list[tuple[str, str]], found: list[tuple[str, str]]) -> list[str]:

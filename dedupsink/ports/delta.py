@@ -23,8 +23,7 @@ import pyarrow as pa
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
 from dedupsink.options import OUTPUT_FORMAT, PATH
-from dedupsink.ports.base import PortFormat, missing_extra, schema_differences
-from dedupsink.ports.encoding import port_schema
+from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
 from dedupsink.ports.output import Layout
 from dedupsink.store.records import Move, Publication
 from dedupsink.store.storage import Storage
@@ -79,7 +78,7 @@ class DeltaPorts(PortFormat):
             try:
                 deltalake.DeltaTable.create(
                     self.table_uri(port),
-                    port_schema(port, schema),
+                    table_schema(port, schema),
                     mode="ignore",
                     storage_options=self.storage_options,
                 )
@@ -100,7 +99,7 @@ class DeltaPorts(PortFormat):
             raise PortTableError(f"cannot read the Delta table {uri}: {exc}") from exc
 
     def _check_schema(self, deltalake: Any, table: Any, port: str, schema: pa.Schema) -> None:
-        wanted = _shape(deltalake.Schema.from_arrow(port_schema(port, schema)))
+        wanted = _shape(deltalake.Schema.from_arrow(table_schema(port, schema)))
         found = _shape(table.schema())
         differences = schema_differences(wanted, found)
         if differences:

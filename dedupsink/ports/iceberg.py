@@ -23,8 +23,7 @@ import pyarrow as pa
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
 from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT
-from dedupsink.ports.base import PortFormat, missing_extra, schema_differences
-from dedupsink.ports.encoding import port_schema
+from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
 from dedupsink.ports.output import Layout
 from dedupsink.store.records import Move, Publication
 
@@ -117,7 +116,7 @@ class IcebergPorts(PortFormat):
                 continue
             try:
                 catalog.create_table(
-                    self.identifier(port), port_schema(port, schema), location=self.location(port)
+                    self.identifier(port), table_schema(port, schema), location=self.location(port)
                 )
             except exceptions.TableAlreadyExistsError:
                 continue  # another process created it
@@ -138,7 +137,7 @@ class IcebergPorts(PortFormat):
                 f"the Iceberg table {name} at {self.location(port)}, where the sink writes its "
                 f"files (it is at {table.location()}); set iceberg.table to another name",
             )
-        wanted = _shape(self.catalog(), port_schema(port, schema))
+        wanted = _shape(self.catalog(), table_schema(port, schema))
         found = _shape(self.catalog(), table.schema().as_arrow())
         differences = schema_differences(wanted, found)
         if differences:
