@@ -34,6 +34,11 @@ _COMMIT_ROUNDS = 8
 # A stuck request to an object store fails after this long and is retried (delta-rs's default
 # waits minutes).
 _REQUEST_TIMEOUT = "30s"
+# The tables this process has read, by URI and storage options: brought up to date with the
+# commits since (one listing of the log) instead of read again from the last checkpoint, a
+# read that grows to a hundred commits between checkpoints. The driver's commit process lives
+# as long as the query.
+_tables: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
 
 class DeltaPorts(PortFormat):
@@ -89,13 +94,21 @@ class DeltaPorts(PortFormat):
                     ) from exc
 
     def _table(self, deltalake: Any, port: str) -> Any:
-        """The port's table, or None if there is none yet."""
+        """The port's table at its latest version, or None if there is none yet."""
         uri = self.table_uri(port)
+        key = (uri, tuple(sorted(self.storage_options.items())))
         try:
-            return deltalake.DeltaTable(uri, storage_options=self.storage_options)
+            table = _tables.get(key)
+            if table is None:
+                table = deltalake.DeltaTable(uri, storage_options=self.storage_options)
+                _tables[key] = table
+            else:
+                table.update_incremental()
+            return table
         except deltalake.exceptions.TableNotFoundError:
             return None
         except (deltalake.exceptions.DeltaError, OSError) as exc:
+            _tables.pop(key, None)
             raise PortTableError(f"cannot read the Delta table {uri}: {exc}") from exc
 
     def _check_schema(self, deltalake: Any, table: Any, port: str, schema: pa.Schema) -> None:

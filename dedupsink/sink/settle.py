@@ -265,6 +265,8 @@ def _yielded_to(output: Output, folder: str, lower: list[_Staged], mine: SortedK
     yielded = np.zeros(len(mine), dtype=bool)
     sketch = _Sketch(mine.h1)
     for staged in lower:
+        if not staged.count:
+            continue  # a task that found no key new (an empty object: S3 refuses its range)
         path = output.path(f"{folder}/{staged.name}")
         if staged.size <= _READ_WHOLE_AT_MOST:
             data = output.storage.read(path)
