@@ -89,6 +89,7 @@ class S3Request:
     key: str
     status: int = 0
     keys: list[str] = dataclasses.field(default_factory=list)  # a DeleteObjects request's
+    conditional: bool = False  # a PUT with If-None-Match: * (create only if absent)
     at: float = dataclasses.field(default_factory=time.time)
 
 
@@ -141,6 +142,7 @@ class _Middleware:
         if (environ.get("PATH_INFO") or "").startswith("/moto-api"):
             return self.app(environ, start_response)
         request = classify(environ)
+        request.conditional = _creates(environ, request)
         if request.op == "DeleteObjects":
             length = int(environ.get("CONTENT_LENGTH") or 0)
             body = environ["wsgi.input"].read(length)

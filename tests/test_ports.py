@@ -109,3 +109,75 @@ def test_a_table_port_rerun_after_its_commit_deletes_none_of_the_published_files
     else:
         table = sink.plan.ports._table("unique")
         assert sorted(table.scan().to_arrow().column("id").to_pylist()) == [1, 2, 3]
+
+
+def test_delta_commits_on_s3_are_conditional_puts(s3: S3Server) -> None:
+    """delta-rs creates each log entry with If-None-Match: *, as the store does its manifests:
+    two writers can never both create one table version."""
+    remote = s3.remote("delta-conditional")
+    sink = LocalSink({**options(remote.url, "delta"), **remote.sink_options}, SCHEMA)
+    sink.window(0, rows([1], 1000))
+    s3.reset_counts()
+    sink.window(1, rows([2, 1], 1000))
+    log_puts = [r for r in s3.requests() if r.kind == "PUT" and "/_delta_log/" in r.key]
+    assert [r.key.rsplit("/", 2)[-2:] for r in log_puts] == [
+        ["_delta_log", "00000000000000000002.json"],  # unique
+        ["_delta_log", "00000000000000000001.json"],  # duplicate's first rows
+    ]
+    assert all(r.conditional for r in log_puts)
+    assert not [r for r in s3.requests() if r.kind == "COPY"]  # nothing copied
+
+
+def _publish_from_another_process(
+    sink_options: dict[str, str], publication_wire: dict[str, Any], start: Any
+) -> None:
+    from dedupsink.options import DedupOptions
+    from dedupsink.ports.formats import port_format
+    from dedupsink.store.records import Publication
+
+    publication = Publication.from_wire(publication_wire, 0)
+    assert publication is not None
+    start.wait()
+    port_format(DedupOptions.parse(sink_options)).publish(publication, "racer")
+
+
+@pytest.mark.parametrize("output_format", ["delta", "iceberg"])
+def test_four_processes_publishing_one_window_at_once_commit_it_once(
+    tmp_path: Path, output_format: str
+) -> None:
+    import multiprocessing
+
+    url = str(tmp_path / "race")
+    sink_options = options(url, output_format)
+    sink = LocalSink(sink_options, SCHEMA)
+    sink.window(0, rows([1, 2, 3], 1000), partitions=2)
+    manifest = sink.plan.store.read()
+    assert manifest is not None and manifest.publication is not None
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    racers = [
+        context.Process(
+            target=_publish_from_another_process,
+            args=(sink.plan.options.to_strings(), manifest.publication.to_wire(), start),
+        )
+        for _ in range(4)
+    ]
+    for racer in racers:
+        racer.start()
+    start.set()
+    for racer in racers:
+        racer.join(120)
+    assert [racer.exitcode for racer in racers] == [0, 0, 0, 0]
+    if output_format == "delta":
+        from deltalake import DeltaTable
+
+        table = DeltaTable(f"{url}/unique")
+        assert table.transaction_version("dedupsink-racer-unique") == manifest.version
+        racing = [h for h in table.history() if h.get("dedupsink.store") == "racer"]
+        assert len(racing) == 1
+    else:
+        from dedupsink.ports.iceberg import STORE_PROPERTY
+
+        table = sink.plan.ports._table("unique")
+        racing = [s for s in table.snapshots() if s.summary.get(STORE_PROPERTY) == "racer"]
+        assert len(racing) == 1
