@@ -8,8 +8,8 @@ them. Publishing a window adds a port's files in one snapshot (``Table.add_files
 summary records the store and its version; a publisher first looks for that version among the
 table's snapshots, so a publication redone after a crash, by a re-run or by a second process
 adds nothing. The catalog's commit is conditional (it swaps the table's metadata only from the
-one the commit read), so of two racing publishers one fails, reads the table again and finds
-the other's snapshot.
+one the commit read) and pyiceberg is told not to retry it, so of two racing publishers one
+fails, reads the table again and finds the other's snapshot.
 """
 
 from __future__ import annotations
@@ -184,7 +184,10 @@ class IcebergPorts(PortFormat):
             if published_version(table, store_id) >= publication.window:
                 return
             try:
-                table.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
+                with _without_retries(table).transaction() as transaction:
+                    transaction.add_files(
+                        paths, snapshot_properties=summary, check_duplicate_files=False
+                    )
                 return
             except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException):
                 continue  # the table changed, or the commit may have landed: read it again
@@ -215,6 +218,26 @@ def published_version(table: Any, store_id: str) -> int:
         if summary is not None and summary.get(STORE_PROPERTY) == store_id:
             newest = max(newest, int(summary.get(VERSION_PROPERTY, -1)))
     return newest
+
+
+def _without_retries(table: Any) -> Any:
+    """``table`` as a handle whose commits fail on a conflict instead of being retried.
+
+    pyiceberg retries a commit that lost a race by appending its files again on top of the
+    winner's snapshot (``commit.retry.num-retries``, 4 by default): a second publisher of the
+    same window would then add its files twice. This handle reads that property as 0, for this
+    publisher only (the property is read from the handle, never written to the table), so the
+    loser fails, reads the table again and finds the winner's snapshot."""
+    from pyiceberg.table import Table, TableProperties
+
+    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    return Table(
+        table.name(),
+        table.metadata.model_copy(update={"properties": properties}),
+        table.metadata_location,
+        table.io,
+        table.catalog,
+    )
 
 
 def _shape(catalog: Any, schema: pa.Schema) -> list[tuple[str, str]]:
