@@ -20,6 +20,9 @@ other processes started by the JVM. This module provides, for those:
 * ``FaultyDedupDataSource`` (``format("dedupfaulty")``): the real ``dedup`` data source with
   its writer's ``write`` and ``commit`` wrapped in fault scopes, plus the points "before the
   sink commit" and "after the sink commit, before Spark's checkpoint commit".
+* ``FaultyDeltaPorts``/``FaultyIcebergPorts``: the Delta and Iceberg port formats with a point
+  on either side of each port's table commit (which delta-rs and pyiceberg write past fsspec),
+  put in place of the real ones in the processes of a driver run with ``table_hooks``.
 * Helpers to launch ``tests/reliability_driver.py`` in its own session, wait for it on a
   deadline and reap whatever it left, and to check that every input row is in exactly one port.
 """
@@ -62,7 +65,9 @@ class FaultPoint:
     """Where to strike, once.
 
     ``where``: ``task`` or ``commit`` (a counted filesystem call inside that scope),
-    ``before-commit`` or ``after-commit`` (the sink commit's edges, no call needed). A call
+    ``before-commit`` or ``after-commit`` (the sink commit's edges, no call needed),
+    ``table-commit:<port>`` or ``table-committed:<port>`` (either side of a Delta or Iceberg
+    port's table commit, in a driver run with ``table_hooks``; ``table_point``). A call
     matches by its number in the scope (``step``, from 1) or by the first call of operation
     ``op`` whose path contains ``path_part``; ``batch`` and ``partition`` narrow the scope.
     ``start`` is the scope of a driver's start-up (``streamWriter``: store opened, interrupted
@@ -231,7 +236,8 @@ def fault_scope(kind: str, batch: int, partition: int | None = None) -> Iterator
 
 
 def at_point(where: str) -> None:
-    """Strike a ``before-commit``/``after-commit`` point of the current scope, if planned."""
+    """Strike a point of the current scope at a place no filesystem call marks
+    (``before-commit``, ``after-commit``, ``table-commit:<port>`` ...), if planned."""
     scope, ctl = _current, control()
     if scope is None or ctl is None:
         return
@@ -396,6 +402,55 @@ class InProcessSink(LocalSink):
         return report
 
 
+# -- points inside a table format's publication (Delta, Iceberg) -----------------------------------
+# delta-rs and pyiceberg write their table commits themselves, past fsspec: the test filesystem
+# cannot count those calls. A driver started with ``table_hooks`` in its config (the environment
+# variable below, which Spark's Python workers inherit too) publishes through subclasses of the
+# product's port formats whose ``_commit`` strikes ``table-commit:<port>`` right before a port's
+# table commit and ``table-committed:<port>`` right after it. Test code only: dedupsink has no
+# hooks.
+
+TABLE_HOOKS_ENV = "DEDUP_FAULT_TABLE_HOOKS"
+
+
+def table_point(port: str, committed: bool = False) -> str:
+    """The ``where`` of a point before (``committed=False``) or after a port's table commit."""
+    return f"table-{'committed' if committed else 'commit'}:{port}"
+
+
+from dedupsink.ports import formats as _formats  # noqa: E402
+from dedupsink.ports.delta import DeltaPorts  # noqa: E402
+from dedupsink.ports.iceberg import IcebergPorts  # noqa: E402
+
+
+class FaultyDeltaPorts(DeltaPorts):
+    """Delta ports with a fault point on each side of each port's Delta commit."""
+
+    def _commit(self, deltalake: Any, port: str, *args: Any) -> None:
+        at_point(table_point(port))
+        super()._commit(deltalake, port, *args)
+        at_point(table_point(port, committed=True))
+
+
+class FaultyIcebergPorts(IcebergPorts):
+    """Iceberg ports with a fault point on each side of each port's snapshot commit."""
+
+    def _commit(self, port: str, *args: Any) -> None:
+        at_point(table_point(port))
+        super()._commit(port, *args)
+        at_point(table_point(port, committed=True))
+
+
+def install_table_hooks() -> None:
+    """Publish ``delta`` and ``iceberg`` outputs of this process through the classes above."""
+    _formats.FORMATS[FaultyDeltaPorts.name] = FaultyDeltaPorts
+    _formats.FORMATS[FaultyIcebergPorts.name] = FaultyIcebergPorts
+
+
+if os.environ.get(TABLE_HOOKS_ENV):
+    install_table_hooks()
+
+
 # -- running the driver script ------------------------------------------------------------------
 
 
@@ -433,9 +488,12 @@ class DriverProcess:
         self.ctl = ctl
         config_path.write_text(json.dumps({**config, "result": str(self.result_path)}))
         with open(self.stderr_path, "w") as stderr:
+            env = driver_env(ctl)
+            if config.get("table_hooks"):
+                env[TABLE_HOOKS_ENV] = "1"
             self.process = subprocess.Popen(
                 [sys.executable, str(DRIVER_SCRIPT), str(config_path)],
-                env=driver_env(ctl),
+                env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,

@@ -18,6 +18,10 @@ Two engines, chosen by ``engine`` in the config:
   the commit returns (standing in for Spark's commit log). A restart re-runs the window the
   checkpoint does not record, as Spark re-runs a batch missing from its commit log.
 
+With ``table_hooks`` in the config (set by ``faults.DriverProcess``, through the environment so
+that Spark's Python workers see it too), Delta and Iceberg ports publish through the test
+subclasses of ``tests/faults.py``, whose points sit on either side of each port's table commit.
+
 The outcome goes to the config's ``result`` file as JSON: ``{"ok": true, "spark_counts": ...}``
 or ``{"ok": false, "error": "..."}`` (exit status 1).
 """
