@@ -47,11 +47,11 @@ from faults import (
 from streams import PORT_NAMES, port_rows, reference_outputs
 
 from dedupsink.errors import StoreCorruptError
-from dedupsink.sink import settle as settle_module
 from dedupsink.ports.output import Output
-from dedupsink.sink.plan import TaskIdentity
 from dedupsink.ports.repair import repair
 from dedupsink.ports.sparklog import parse_entry, status_line
+from dedupsink.sink import settle as settle_module
+from dedupsink.sink.plan import TaskIdentity
 from dedupsink.sink.task import run_task
 from dedupsink.store.store import GARBAGE_EVERY, KEEP_MANIFESTS, BucketStore
 

@@ -44,7 +44,6 @@ from faults import (
     table_point,
     write_inputs,
 )
-from pyiceberg.exceptions import NoSuchTableError
 from streams import reference_outputs
 
 from dedupsink.store.store import BucketStore
@@ -304,12 +303,6 @@ def test_spark_driver_killed_between_delta_port_commits_restarts_exactly_once(
     assert_final_tables(job)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NoSuchTableError,
-    reason="README's read-back snippet loads the embedded Iceberg catalog under another name "
-    "('lake'); a SQL catalog scopes its tables by catalog name, and the sink's is 'dedupsink'",
-)
 def test_embedded_iceberg_catalog_reads_back_as_the_readme_shows(tmp_path: Path) -> None:
     """The catalog name README's snippet gives ``load_catalog`` finds the port tables."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
