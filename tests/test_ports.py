@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from servers import Remote, S3Server
+from servers import Azurite, Remote, S3Server, azurite_installed
 
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.store import BucketStore
@@ -181,3 +181,16 @@ def test_four_processes_publishing_one_window_at_once_commit_it_once(
         table = sink.plan.ports._table("unique")
         racing = [s for s in table.snapshots() if s.summary.get(STORE_PROPERTY) == "racer"]
         assert len(racing) == 1
+
+
+@pytest.mark.skipif(not azurite_installed(), reason="Azurite is installed by `make install`")
+def test_delta_ports_on_azure_take_the_connection_string(azure: Azurite) -> None:
+    """delta-rs takes no connection string: the sink gives it the account, key and endpoint."""
+    from deltalake import DeltaTable
+
+    remote = azure.remote("delta")
+    sink = LocalSink({**options(remote.url, "delta"), **remote.sink_options}, SCHEMA)
+    sink.window(0, rows([1, 2, 2], 1000), partitions=2)
+    ports = sink.plan.ports
+    table = DeltaTable(ports.table_uri("unique"), storage_options=ports.storage_options)
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == [1, 2]

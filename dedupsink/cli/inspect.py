@@ -166,6 +166,8 @@ def _ports_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
             "path": join_url(output_url, port) if output_url else None,
         }
         if ports is not None:
+            entry["address"] = ports.address(port)
+        if ports is not None:
             entry.update(ports.describe(port, manifest.store_id))
         found[port] = entry
     return found
@@ -205,6 +207,12 @@ def render(data: dict[str, Any]) -> str:
 
 
 def settings_text(settings: dict[str, Any]) -> str:
+    text = _mode_text(settings)
+    output_format = recorded_settings(settings)["output_format"]
+    return text if output_format == OUTPUT_FORMAT_DEFAULT else f"{text}, ports as {output_format}"
+
+
+def _mode_text(settings: dict[str, Any]) -> str:
     mode = settings.get("mode")
     keys = ", ".join(settings.get("keys") or [])
     if mode == "basic":
@@ -254,7 +262,29 @@ def _ports_text(data: dict[str, Any]) -> list[str]:
     else:
         lines = [f"ports       {data['output']}"]
     rows = [
-        [port, info["batches"], info["files"], info["rows"], info["path"] or "-"]
+        [port, info["batches"], info["files"], info["rows"], _table_state(info), _where(info)]
         for port, info in ports.items()
     ]
-    return lines + table(["port", "batches", "files", "rows", "location"], rows, indent="  ")
+    headings = ["port", "batches", "files", "rows", "table", "location"]
+    if all(row[4] == "-" for row in rows):  # Parquet folders: no table state to show
+        rows = [row[:4] + row[5:] for row in rows]
+        headings = headings[:4] + headings[5:]
+    return lines + table(headings, rows, indent="  ")
+
+
+def _table_state(info: dict[str, Any]) -> str:
+    """A table port's state: its Delta version or Iceberg snapshots, and the last store
+    version it holds."""
+    if "table_version" in info:
+        state = f"version {info['table_version']}"
+    elif "snapshots" in info:
+        state = f"{info['snapshots']} snapshots"
+    else:
+        return "-"
+    if info.get("published_version") is not None:
+        state += f", store version {info['published_version']}"
+    return state
+
+
+def _where(info: dict[str, Any]) -> str:
+    return str(info.get("address") or info.get("path") or "-")

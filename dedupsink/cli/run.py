@@ -39,6 +39,7 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import expiry_point_of
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import join_url
+from dedupsink.ports.formats import port_format
 from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import release
@@ -296,17 +297,15 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
     manifest = store.read()
     totals = manifest.totals if manifest else {}
     this_run = {port: sum(w.counts[port] for w in outcome.windows) for port in PORTS}
-    rows = [
-        [port, this_run[port], totals.get(port, 0), join_url(job.options.path, port)]
-        for port in PORTS
-    ]
+    ports = port_format(job.options)
+    rows = [[port, this_run[port], totals.get(port, 0), ports.address(port)] for port in PORTS]
     rows.append(["total", sum(this_run.values()), sum(totals.get(p, 0) for p in PORTS), ""])
     state = "interrupted" if outcome.interrupted else "finished"
     lines = [
         "",
         f"Run {state}: {len(outcome.windows)} batches in {outcome.seconds:.1f} s "
         f"(query {outcome.query_id or '-'})",
-        *table(["port", "this run", "all runs", "Parquet files"], rows),
+        *table(["port", "this run", "all runs", ports.address_heading], rows),
     ]
     lines += _store_lines(store, manifest)
     lines.append(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import OUTPUT_FORMAT, PATH, DedupOptions
+from dedupsink.options import OUTPUT_FORMAT, PATH, DedupOptions, join_url
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import STAGED, Layout, Output, PortFile
 from dedupsink.store.format import PortState
@@ -77,6 +77,12 @@ class PortFormat(ABC):
         """Whether every port shows the window."""
 
     # -- operating -------------------------------------------------------------------------------
+
+    address_heading: ClassVar[str] = "Parquet files"
+
+    def address(self, port: str) -> str:
+        """Where a person finds the port: its folder, Delta table or Iceberg table."""
+        return join_url(self.options.path, port)
 
     def describe(self, port: str, store_id: str) -> dict[str, Any]:
         """What ``inspect`` shows of one port beyond the store's own counts."""

@@ -46,6 +46,7 @@ class DeltaPorts(PortFormat):
 
     name = "delta"
     layout = Layout(in_table=True)
+    address_heading = "Delta tables"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -281,27 +282,34 @@ def _s3_options(options: dict[str, Any]) -> dict[str, str]:
 
 
 def _azure_options(options: dict[str, Any]) -> dict[str, str]:
+    """adlfs's options as delta-rs's: a connection string is split into its account, key,
+    endpoint and signature (delta-rs takes none), and an ``http://`` endpoint is allowed."""
     translated: dict[str, str] = {}
     connection = options.get("connection_string")
     if connection:
         parts = dict(parse_qsl(str(connection).replace(";", "&"), keep_blank_values=True))
-        if "AccountName" in parts:
-            translated["AZURE_STORAGE_ACCOUNT_NAME"] = parts["AccountName"]
-        if "AccountKey" in parts:
-            translated["AZURE_STORAGE_ACCOUNT_KEY"] = parts["AccountKey"]
-        if "BlobEndpoint" in parts:
-            translated["AZURE_STORAGE_ENDPOINT"] = parts["BlobEndpoint"]
+        names = {
+            "AccountName": "account_name",
+            "AccountKey": "account_key",
+            "BlobEndpoint": "endpoint",
+            "SharedAccessSignature": "azure_storage_sas_key",
+        }
+        translated.update({names[k]: v for k, v in parts.items() if k in names})
+        if parts.get("DefaultEndpointsProtocol") == "http":
+            translated["allow_http"] = "true"
     names = {
-        "account_name": "AZURE_STORAGE_ACCOUNT_NAME",
-        "account_key": "AZURE_STORAGE_ACCOUNT_KEY",
-        "sas_token": "AZURE_STORAGE_SAS_TOKEN",
-        "tenant_id": "AZURE_STORAGE_TENANT_ID",
-        "client_id": "AZURE_STORAGE_CLIENT_ID",
-        "client_secret": "AZURE_STORAGE_CLIENT_SECRET",
+        "account_name": "account_name",
+        "account_key": "account_key",
+        "sas_token": "azure_storage_sas_key",
+        "tenant_id": "azure_storage_tenant_id",
+        "client_id": "azure_storage_client_id",
+        "client_secret": "azure_storage_client_secret",
     }
     translated.update({names[k]: str(v) for k, v in options.items() if k in names})
-    if translated.get("AZURE_STORAGE_ENDPOINT", "").startswith("http://"):
-        translated["AZURE_STORAGE_ALLOW_HTTP"] = "true"
+    if options.get("anon") is True:
+        translated["azure_skip_signature"] = "true"
+    if translated.get("endpoint", "").startswith("http://"):
+        translated["allow_http"] = "true"
     translated.setdefault("timeout", _REQUEST_TIMEOUT)
     return translated
 

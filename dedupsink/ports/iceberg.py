@@ -44,6 +44,10 @@ class IcebergPorts(PortFormat):
 
     name = "iceberg"
     layout = Layout(in_table=True, data_folder="data")
+    address_heading = "Iceberg tables"
+
+    def address(self, port: str) -> str:
+        return self.table_name(port)
 
     def identifier(self, port: str) -> tuple[str, str]:
         return (self.options.table_namespace, f"{self.options.table_prefix}_{port}")
@@ -51,7 +55,7 @@ class IcebergPorts(PortFormat):
     def table_name(self, port: str) -> str:
         return ".".join(self.identifier(port))
 
-    def location(self, port: str) -> str:
+    def table_location(self, port: str) -> str:
         return self.output.storage.full_url(self.output.path(port))
 
     def catalog_properties(self) -> dict[str, str]:
@@ -116,7 +120,9 @@ class IcebergPorts(PortFormat):
                 continue
             try:
                 catalog.create_table(
-                    self.identifier(port), table_schema(port, schema), location=self.location(port)
+                    self.identifier(port),
+                    table_schema(port, schema),
+                    location=self.table_location(port),
                 )
             except exceptions.TableAlreadyExistsError:
                 continue  # another process created it
@@ -129,13 +135,13 @@ class IcebergPorts(PortFormat):
             return None
 
     def _check_table(self, table: Any, port: str, schema: pa.Schema) -> None:
-        name = self.table_name(port)
-        if table.location().rstrip("/") != self.location(port):
+        name, location = self.table_name(port), self.table_location(port)
+        if table.location().rstrip("/") != location:
             raise DedupOptionError(
                 OUTPUT_FORMAT,
                 self.name,
-                f"the Iceberg table {name} at {self.location(port)}, where the sink writes its "
-                f"files (it is at {table.location()}); set iceberg.table to another name",
+                f"the Iceberg table {name} at {location}, where the sink writes its files (it "
+                f"is at {table.location()}); set iceberg.table to another name",
             )
         wanted = _shape(self.catalog(), table_schema(port, schema))
         found = _shape(self.catalog(), table.schema().as_arrow())
@@ -273,7 +279,12 @@ def _file_io_properties(family: str, options: dict[str, Any]) -> dict[str, str]:
         "token": "s3.session-token",
         "region_name": "s3.region",
     }
-    return {names[k]: str(v) for k, v in options.items() if k in names}
+    properties = {names[k]: str(v) for k, v in options.items() if k in names}
+    if "s3.endpoint" in properties:
+        # An S3-compatible server ignores the region; unset, pyarrow's file access spends
+        # seconds asking AWS for the bucket's.
+        properties.setdefault("s3.region", "us-east-1")
+    return properties
 
 
 def _pyiceberg() -> Any:
