@@ -194,3 +194,35 @@ def test_delta_ports_on_azure_take_the_connection_string(azure: Azurite) -> None
     ports = sink.plan.ports
     table = DeltaTable(ports.table_uri("unique"), storage_options=ports.storage_options)
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == [1, 2]
+
+
+def test_iceberg_snapshots_older_than_the_tables_horizon_are_expired(tmp_path: Path) -> None:
+    """Every 16 windows the sink expires a port table's snapshots by its history.expire.*
+    properties (a commit's cost grows with the snapshots kept); the rows all stay."""
+    from dedupsink.ports.iceberg import MAX_SNAPSHOT_AGE, MIN_SNAPSHOTS, published_version
+
+    url = str(tmp_path / "orders")
+    sink = LocalSink(options(url, "iceberg"), SCHEMA)
+    sink.start()
+    ports = sink.plan.ports
+    with ports._table("unique").transaction() as transaction:
+        transaction.set_properties({MAX_SNAPSHOT_AGE: "0", MIN_SNAPSHOTS: "2"})
+    for window in range(17):
+        sink.window(window, rows([window], 1000))
+    table = ports._table("unique")
+    assert len(table.snapshots()) == 3  # the 2 kept at version 16, then version 17's
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(17))
+    store = sink.plan.store.read()
+    assert store is not None and published_version(table, store.store_id) == 17
+    duplicate = ports._table("duplicate")  # the default horizon (an hour): nothing expired
+    assert duplicate.metadata.properties[MAX_SNAPSHOT_AGE] == "3600000"
+
+
+def test_delta_tables_are_checkpointed_every_ten_commits(tmp_path: Path) -> None:
+    url = str(tmp_path / "orders")
+    sink = LocalSink(options(url, "delta"), SCHEMA)
+    for window in range(11):
+        sink.window(window, rows([window], 1000))
+    log = {p.name for p in (tmp_path / "orders" / "unique" / "_delta_log").iterdir()}
+    assert "00000000000000000009.checkpoint.parquet" in log
+    assert delta_ids(url, "unique") == list(range(11))

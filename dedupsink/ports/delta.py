@@ -34,6 +34,10 @@ _COMMIT_ROUNDS = 8
 # A stuck request to an object store fails after this long and is retried (delta-rs's default
 # waits minutes).
 _REQUEST_TIMEOUT = "30s"
+# Configuration of the tables the sink creates: a checkpoint every 10 commits, as Spark's Delta
+# writes them (delta-rs's default is 100), so a commit, which replays the log from the last
+# checkpoint, reads at most ten commits (on S3, ten requests).
+TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
 # The tables this process has read, by URI and storage options: brought up to date with the
 # commits since (one listing of the log) instead of read again from the last checkpoint, a
 # read that grows to a hundred commits between checkpoints. The driver's commit process lives
@@ -86,6 +90,7 @@ class DeltaPorts(PortFormat):
                     self.table_uri(port),
                     table_schema(port, schema),
                     mode="ignore",
+                    configuration=TABLE_CONFIGURATION,
                     storage_options=self.storage_options,
                 )
             except deltalake.exceptions.DeltaError as exc:

@@ -26,6 +26,7 @@ from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT
 from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
 from dedupsink.ports.output import Layout
 from dedupsink.store.records import Move, Publication
+from dedupsink.store.store import GARBAGE_EVERY as EXPIRE_EVERY
 
 CATALOG_FILE = "_iceberg_catalog.db"
 CATALOG_NAME = "dedupsink"
@@ -33,6 +34,21 @@ CATALOG_NAME = "dedupsink"
 STORE_PROPERTY = "dedupsink.store"
 VERSION_PROPERTY = "dedupsink.version"
 _COMMIT_ROUNDS = 8
+# Properties of the tables the sink creates. pyiceberg rebuilds a table's whole metadata,
+# snapshots included, several times a commit, so a commit's cost grows with the snapshots kept
+# (about a millisecond each a port): the sink expires old ones as Iceberg's expire_snapshots
+# does, by the table's history.expire.* properties, with a shorter horizon than Iceberg's
+# (5 days) by default; old metadata files are deleted as new ones are written.
+MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"
+MIN_SNAPSHOTS = "history.expire.min-snapshots-to-keep"
+TABLE_PROPERTIES = {
+    MAX_SNAPSHOT_AGE: str(3_600_000),
+    MIN_SNAPSHOTS: "16",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "16",
+}
+_ICEBERG_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3_600_000  # Iceberg's own defaults, for other tables
+_ICEBERG_MIN_SNAPSHOTS = 1
 # A catalog per set of properties, per process: a SQL catalog opens a database engine, a REST
 # one authenticates; a commit in a long-lived driver process reuses it.
 _catalogs: dict[tuple[tuple[str, str], ...], Any] = {}
@@ -123,6 +139,7 @@ class IcebergPorts(PortFormat):
                     self.identifier(port),
                     table_schema(port, schema),
                     location=self.table_location(port),
+                    properties=TABLE_PROPERTIES,
                 )
             except exceptions.TableAlreadyExistsError:
                 continue  # another process created it
@@ -194,9 +211,11 @@ class IcebergPorts(PortFormat):
                     transaction.add_files(
                         paths, snapshot_properties=summary, check_duplicate_files=False
                     )
-                return
             except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException):
                 continue  # the table changed, or the commit may have landed: read it again
+            if publication.window % EXPIRE_EVERY == 0:
+                expire_snapshots(self._table(port), publication.modified_ms)
+            return
         raise PortTableError(
             f"the Iceberg table {self.table_name(port)} kept changing under the commit of window "
             f"{publication.window} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
@@ -213,6 +232,25 @@ class IcebergPorts(PortFormat):
             "snapshots": len(table.snapshots()),
             "published_version": published_version(table, store_id),
         }
+
+
+def expire_snapshots(table: Any, now_ms: int) -> None:
+    """Expire the snapshots older than the table's ``history.expire.max-snapshot-age-ms``,
+    keeping its newest ``history.expire.min-snapshots-to-keep`` (Iceberg's own rule; the data
+    files stay, as with pyiceberg's expire_snapshots). Maintenance: a commit that loses a race
+    is left to the next time."""
+    exceptions = _pyiceberg().exceptions
+    properties = table.metadata.properties
+    max_age = int(properties.get(MAX_SNAPSHOT_AGE, _ICEBERG_MAX_SNAPSHOT_AGE_MS))
+    keep = max(1, int(properties.get(MIN_SNAPSHOTS, _ICEBERG_MIN_SNAPSHOTS)))
+    newest_first = sorted(table.snapshots(), key=lambda s: s.timestamp_ms, reverse=True)
+    expired = [s.snapshot_id for s in newest_first[keep:] if s.timestamp_ms < now_ms - max_age]
+    if not expired:
+        return
+    try:
+        _without_retries(table).maintenance.expire_snapshots().by_ids(expired).commit()
+    except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException, ValueError):
+        return  # ValueError: a snapshot became protected (a new ref) meanwhile
 
 
 def published_version(table: Any, store_id: str) -> int:
