@@ -226,3 +226,22 @@ def test_delta_tables_are_checkpointed_every_ten_commits(tmp_path: Path) -> None
     log = {p.name for p in (tmp_path / "orders" / "unique" / "_delta_log").iterdir()}
     assert "00000000000000000009.checkpoint.parquet" in log
     assert delta_ids(url, "unique") == list(range(11))
+
+
+def test_an_iceberg_catalog_name_files_the_tables_where_other_engines_look(
+    tmp_path: Path,
+) -> None:
+    from pyiceberg.catalog import load_catalog
+
+    url = str(tmp_path / "orders")
+    database = f"sqlite:///{tmp_path}/catalog.db"
+    catalog = {
+        "iceberg.catalog.type": "sql",
+        "iceberg.catalog.uri": database,
+        "iceberg.catalog.warehouse": f"file://{tmp_path}",
+        "iceberg.catalog.name": "lake",
+    }
+    LocalSink({**options(url, "iceberg"), **catalog}, SCHEMA).window(0, rows([1, 2], 1000))
+    lake = load_catalog("lake", type="sql", uri=database, warehouse=f"file://{tmp_path}")
+    table = lake.load_table("dedup.orders_unique")
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == [1, 2]

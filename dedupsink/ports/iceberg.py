@@ -22,14 +22,17 @@ import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
-from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT
+from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT, PATH
 from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
 from dedupsink.ports.output import Layout
 from dedupsink.store.records import Move, Publication
 from dedupsink.store.store import GARBAGE_EVERY as EXPIRE_EVERY
 
 CATALOG_FILE = "_iceberg_catalog.db"
-CATALOG_NAME = "dedupsink"
+# The catalog's name for pyiceberg (a SQL catalog files its tables under it): the
+# iceberg.catalog.name option, so that other engines opening the same catalog find them.
+CATALOG_NAME = "name"
+CATALOG_NAME_DEFAULT = "dedupsink"
 # Snapshot summary properties that tie a snapshot to the store's commit.
 STORE_PROPERTY = "dedupsink.store"
 VERSION_PROPERTY = "dedupsink.version"
@@ -72,7 +75,13 @@ class IcebergPorts(PortFormat):
         return ".".join(self.identifier(port))
 
     def table_location(self, port: str) -> str:
-        return self.output.storage.full_url(self.output.path(port))
+        return self._url(self.output.path(port))
+
+    def _url(self, path: str) -> str:
+        """A path as pyiceberg takes it: a local one plain (pyiceberg parses a ``file://`` URL
+        as a URL, cutting it at a ``#`` or ``?`` in a folder's name), others as URLs."""
+        storage = self.output.storage
+        return path if storage.family == "local" else storage.full_url(path)
 
     def catalog_properties(self) -> dict[str, str]:
         """The user's catalog properties; on a local path with none, the embedded SQLite
@@ -81,10 +90,17 @@ class IcebergPorts(PortFormat):
         storage = self.output.storage
         if not given and storage.family == "local":
             root = self.output.storage.path()
+            if "?" in root:
+                raise DedupOptionError(
+                    PATH,
+                    self.options.path,
+                    "a path without '?' for the embedded Iceberg catalog (its SQLite URL would "
+                    f"end there), or a catalog of your own ({ICEBERG_CATALOG_PREFIX}uri, ...)",
+                )
             given = {
                 "type": "sql",
                 "uri": f"sqlite:///{root}/{CATALOG_FILE}",
-                "warehouse": storage.full_url(root),
+                "warehouse": self._url(root),
             }
         return {**_file_io_properties(storage.family, storage.options), **given}
 
@@ -96,13 +112,15 @@ class IcebergPorts(PortFormat):
                 _catalogs[key] = self._load_catalog(properties)
             return _catalogs[key]
 
-    def _load_catalog(self, properties: dict[str, str]) -> Any:
+    def _load_catalog(self, given: dict[str, str]) -> Any:
         pyiceberg = _pyiceberg()
+        properties = dict(given)
+        name = properties.pop(CATALOG_NAME, CATALOG_NAME_DEFAULT)
         uri = properties.get("uri", "")
         if uri.startswith("sqlite:///"):
             os.makedirs(os.path.dirname(uri[len("sqlite:///") :]) or ".", exist_ok=True)
         try:
-            return pyiceberg.catalog.load_catalog(CATALOG_NAME, **properties)
+            return pyiceberg.catalog.load_catalog(name, **properties)
         except Exception as exc:  # pyiceberg raises its own, SQLAlchemy's and the OS's errors
             raise DedupOptionError(
                 ICEBERG_CATALOG_PREFIX + "<property>",
@@ -198,7 +216,7 @@ class IcebergPorts(PortFormat):
         self, port: str, files: list[Move], publication: Publication, store_id: str
     ) -> None:
         exceptions = _pyiceberg().exceptions
-        paths = [self.output.storage.full_url(self.output.path(move.target)) for move in files]
+        paths = [self._url(self.output.path(move.target)) for move in files]
         summary = {STORE_PROPERTY: store_id, VERSION_PROPERTY: str(publication.window)}
         for _ in range(_COMMIT_ROUNDS):
             table = self._table(port)
