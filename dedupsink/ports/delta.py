@@ -1,22 +1,35 @@
-"""Delta Lake ports: each port a Delta table at ``<path>/<port>``, committed through delta-rs.
+"""Delta Lake ports: each port a Delta table at ``<path>/<port>``.
 
 Tasks write their Parquet files straight into the table's folder: a file that no Delta commit
 names is invisible to every Delta reader, so nothing is copied or renamed. Publishing a window
 is one Delta commit per port with rows, adding its files and carrying an application
 transaction: app id ``dedupsink-<store id>-<port>``, version = the store version (Delta's
-``txnAppId``/``txnVersion``). A publisher first asks the table for that app id's version, so a
-publication redone after a crash, by a re-run or by a second process finds its version
-committed and adds nothing. The commit itself is conditional: delta-rs creates the next log
-entry only if absent (a hard link locally, ``If-None-Match: *`` on S3, the object stores' own
-conditional puts elsewhere) and is told not to retry, so a loser reads the table again and
-finds the winner's transaction.
+``txnAppId``/``txnVersion``). Every commit is the conditional create of the table's next log
+entry, so of two writers of one table version one fails.
+
+Two ways to commit, both safe to redo:
+
+* **Known table** (the steady state): this process made the table's latest commit, version
+  ``v``. The window's commit is written as log entry ``v + 1`` by the storage layer's
+  conditional create, the store's own (a hard link locally, ``If-None-Match: *`` on S3, ...):
+  one request. If it succeeds, nothing was committed to the table since ``v``, so nobody
+  published this window (publications follow the store's versions in order); if the entry
+  exists, the table changed and the commit falls back to the other way.
+* **Unknown table** (a new process, or after a conflict): delta-rs reads the table; a
+  publisher that finds the app id's version at the window's adds nothing (a publication
+  redone after a crash, by a re-run or by another process); otherwise delta-rs commits, told
+  not to retry, so a loser reads the table again and finds the winner's transaction.
+
+Every tenth version delta-rs writes a checkpoint, as Spark's Delta does, so readers replay at
+most ten commits.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
 
 import pyarrow as pa
 
@@ -37,12 +50,27 @@ _REQUEST_TIMEOUT = "30s"
 # Configuration of the tables the sink creates: a checkpoint every 10 commits, as Spark's Delta
 # writes them (delta-rs's default is 100), so a commit, which replays the log from the last
 # checkpoint, reads at most ten commits (on S3, ten requests).
-TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
+CHECKPOINT_INTERVAL = 10
+TABLE_CONFIGURATION = {"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
+# Each table's latest commit where this process made it (by table URI): its log version and
+# the store and window it published. The next commit is the conditional create of the entry
+# after it.
+_own_commits: dict[str, OwnCommit] = {}
+_CLIENT = "dedupsink"
 # The tables this process has read, by URI and storage options: brought up to date with the
 # commits since (one listing of the log) instead of read again from the last checkpoint, a
 # read that grows to a hundred commits between checkpoints. The driver's commit process lives
 # as long as the query.
 _tables: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+
+
+@dataclass(frozen=True)
+class OwnCommit:
+    """The table version this process committed last, and the store window it published."""
+
+    table_version: int
+    store_id: str
+    window: int
 
 
 class DeltaPorts(PortFormat):
@@ -169,6 +197,14 @@ class DeltaPorts(PortFormat):
     ) -> None:
         from deltalake.transaction import AddAction, CommitProperties, Transaction
 
+        uri = self.table_uri(port)
+        own = _own_commits.get(uri)
+        if own is not None and own.store_id == store_id:
+            if own.window >= publication.window:
+                return  # published by this process: windows are published in order
+            if self._append(port, own.table_version + 1, files, publication, store_id):
+                return
+        _own_commits.pop(uri, None)  # another writer committed: read the table again
         app_id = self.app_id(store_id, port)
         actions = [
             AddAction(
@@ -199,6 +235,9 @@ class DeltaPorts(PortFormat):
                 table.create_write_transaction(
                     actions, mode="append", schema=table.schema(), commit_properties=properties
                 )
+                # With no retry, the commit took the version after the one read.
+                own = OwnCommit(table.version() + 1, store_id, publication.window)
+                _own_commits[uri] = own
                 return
             except deltalake.exceptions.CommitFailedError:
                 continue  # another commit took the table's next version: read it again
@@ -212,6 +251,35 @@ class DeltaPorts(PortFormat):
             f"{publication.window} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
         )
 
+    def _append(
+        self, port: str, version: int, files: list[Move], publication: Publication, store_id: str
+    ) -> bool:
+        """Write the window's commit as log entry ``version`` if it does not exist yet."""
+        path = self.output.path(f"{port}/_delta_log/{version:020d}.json")
+        entry = commit_entry(self.app_id(store_id, port), port, files, publication, store_id)
+        try:
+            self.output.storage.create(path, entry)
+        except FileExistsError:
+            return False
+        _own_commits[self.table_uri(port)] = OwnCommit(version, store_id, publication.window)
+        if (version + 1) % CHECKPOINT_INTERVAL == 0:
+            self._checkpoint(port)
+        return True
+
+    def _checkpoint(self, port: str) -> None:
+        """A checkpoint of the table's latest version, written by delta-rs (a commit written
+        here has no post-commit hook to write it)."""
+        deltalake = _deltalake()
+        table = self._table(deltalake, port)
+        if table is None:
+            return
+        try:
+            table.create_checkpoint()
+        except deltalake.exceptions.DeltaError as exc:
+            raise PortTableError(
+                f"cannot write a checkpoint of the Delta table {self.table_uri(port)}: {exc}"
+            ) from exc
+
     # -- operating -------------------------------------------------------------------------------
 
     def describe(self, port: str, store_id: str) -> dict[str, Any]:
@@ -223,6 +291,40 @@ class DeltaPorts(PortFormat):
             "table_version": table.version(),
             "published_version": table.transaction_version(self.app_id(store_id, port)),
         }
+
+
+def commit_entry(
+    app_id: str, port: str, files: list[Move], publication: Publication, store_id: str
+) -> bytes:
+    """A Delta log entry adding ``files`` to ``port``'s table with the window's application
+    transaction, as delta-rs writes a blind append (the Delta protocol's actions, one JSON
+    object a line)."""
+    at = publication.modified_ms
+    actions: list[dict[str, Any]] = [
+        {
+            "commitInfo": {
+                "timestamp": at,
+                "operation": "WRITE",
+                "operationParameters": {"mode": "Append"},
+                "isBlindAppend": True,
+                "clientVersion": _CLIENT,
+                "dedupsink.store": store_id,
+                "dedupsink.version": str(publication.window),
+            }
+        },
+        {"txn": {"appId": app_id, "version": publication.window, "lastUpdated": at}},
+    ]
+    for move in files:
+        add = {
+            "path": quote(move.target[len(port) + 1 :]),
+            "partitionValues": {},
+            "size": move.size or 0,
+            "modificationTime": at,
+            "dataChange": True,
+            "stats": json.dumps({"numRecords": move.rows or 0}),
+        }
+        actions.append({"add": add})
+    return "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
 
 
 def _deltalake() -> Any:
