@@ -382,10 +382,7 @@ def _s3_options(options: dict[str, Any]) -> dict[str, str]:
     translated = {_S3_NAMES[k]: str(v) for k, v in options.items() if k in _S3_NAMES}
     if options.get("anon") is True:
         translated["AWS_SKIP_SIGNATURE"] = "true"
-    if translated.get("AWS_ENDPOINT_URL", "").startswith("http://"):
-        translated["AWS_ALLOW_HTTP"] = "true"
-    translated.setdefault("timeout", _REQUEST_TIMEOUT)
-    return translated
+    return _with_defaults(translated, "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP")
 
 
 def _azure_options(options: dict[str, Any]) -> dict[str, str]:
@@ -415,10 +412,7 @@ def _azure_options(options: dict[str, Any]) -> dict[str, str]:
     translated.update({names[k]: str(v) for k, v in options.items() if k in names})
     if options.get("anon") is True:
         translated["azure_skip_signature"] = "true"
-    if translated.get("endpoint", "").startswith("http://"):
-        translated["allow_http"] = "true"
-    translated.setdefault("timeout", _REQUEST_TIMEOUT)
-    return translated
+    return _with_defaults(translated, "endpoint", "allow_http")
 
 
 def _gcs_options(options: dict[str, Any]) -> dict[str, str]:
@@ -426,5 +420,12 @@ def _gcs_options(options: dict[str, Any]) -> dict[str, str]:
     token = options.get("token")
     if isinstance(token, str) and token not in ("anon", "google_default", "cloud", "browser"):
         translated["GOOGLE_SERVICE_ACCOUNT"] = token
+    return _with_defaults(translated, "", "")
+
+
+def _with_defaults(translated: dict[str, str], endpoint: str, allow_http: str) -> dict[str, str]:
+    """Options with an ``http://`` endpoint allowed and a request timeout."""
+    if endpoint and translated.get(endpoint, "").startswith("http://"):
+        translated[allow_http] = "true"
     translated.setdefault("timeout", _REQUEST_TIMEOUT)
     return translated
