@@ -12,6 +12,9 @@ Each step is safe to crash after (docs/ARCHITECTURE.md, "The commit protocol"):
    A writer that lost the race gets ``StoreConflictError`` naming the winner.
 6. Publish the ports from the version's publication record, discard the staging folder, and
    every ``GARBAGE_EVERY`` versions delete garbage and sweep leftovers of failed attempts.
+7. Record the window in the store's history (``store/history.py``), created only if absent;
+   every ``GARBAGE_EVERY`` versions, before the garbage collection deletes old manifests,
+   compact the history and write the rows a crash after a commit point left out.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
 from dedupsink.store.format import Manifest
+from dedupsink.store.history import record_window
 from dedupsink.store.ownership import Writer, claim, now_ms
 from dedupsink.store.records import WindowCounts
 from dedupsink.store.store import GARBAGE_EVERY, BucketStore
@@ -118,6 +122,7 @@ def commit_window(
         output.discard_staging(done[0].folder, staged)
     else:  # the garbage collection sweeps the staging folders, but not the tables' folders
         output.discard_outside(done[0].folder, staged)
+    record_window(store, nxt)
     _collect_garbage(store, output, nxt, writer.run)
     report = _report(plan, nxt, done, writer, batch_id)
     log.info(report.line())
@@ -179,6 +184,7 @@ def _discard_rerun(
         # The attempt that committed this batch died before removing its staging folder (or
         # before collecting garbage): do it now.
         output.storage.delete_folder(output.path(base.publication.folder))
+        record_window(store, base)
         _collect_garbage(store, output, base, writer.run)
     log.info("dedup batch %s of %s was already committed; re-run discarded", batch_id, writer.query)
     return CommitReport(base.version, batch_id, writer.query, already_committed=True)
