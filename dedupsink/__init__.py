@@ -7,10 +7,13 @@ source; the only pyspark import) -> ``cli``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dedupsink.errors import DedupError, DedupOptionError, StoreCorruptError, StoreOwnershipError
 from dedupsink.options import DedupOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "DedupDataSource",
@@ -19,6 +22,7 @@ __all__ = [
     "DedupOptions",
     "StoreCorruptError",
     "StoreOwnershipError",
+    "history",
     "release",
 ]
 __version__ = "0.1.0"
@@ -31,6 +35,17 @@ def __getattr__(name: str) -> Any:
 
         return DedupDataSource
     raise AttributeError(name)
+
+
+def history(
+    path: str, storage_options: dict[str, Any] | None = None, store_path: str | None = None
+) -> pa.Table:
+    """The store's history under output ``path`` (or a store URL): one row per committed
+    window, oldest first, as ``spark.read.format("dedup").load(path)`` and ``dedupsink
+    history`` show it (columns: ``dedupsink.store.history.SCHEMA``)."""
+    from dedupsink.store.history import load_history
+
+    return load_history(path, storage_options, store_path)
 
 
 def release(

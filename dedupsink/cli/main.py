@@ -1,4 +1,5 @@
-"""The ``dedupsink`` command: ``run``, ``validate``, ``inspect``, ``release`` and ``repair``.
+"""The ``dedupsink`` command: ``run``, ``validate``, ``inspect``, ``history``, ``release`` and
+``repair``.
 
 Exit codes: 0 success, 1 a runtime failure (store owned by another query, a corrupt file, a
 failed query), 2 a usage, config or option error, 130 interrupted. Errors are one line on
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from dedupsink import __version__
 from dedupsink.cli.config import SPARK_PREFIX, load_config
 from dedupsink.cli.errors import ConfigError
+from dedupsink.cli.history import history_table, json_lines
+from dedupsink.cli.history import render as render_history
 from dedupsink.cli.inspect import locate, render, report, settings_text, to_json
 from dedupsink.cli.job import PreparedJob, prepare
 from dedupsink.cli.run import checkpoint_for, run, spark_master
@@ -53,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
     _add_storage(inspect)
+    history = commands.add_parser(
+        "history", help="one line per committed window of a store, kept long (no Spark)"
+    )
+    history.add_argument("path", metavar="PATH", help="an output path or a store path")
+    history.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    history.add_argument("--last", metavar="N", type=int, help="only the last N windows")
+    history.add_argument("--json", action="store_true", help="print JSON lines, one a window")
+    _add_storage(history)
     release = commands.add_parser("release", help="give up a store's owner lease")
     release.add_argument("path", metavar="PATH", help="an output path or a store path")
     release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
@@ -85,7 +96,8 @@ def _storage_options(args: argparse.Namespace) -> dict[str, object]:
         name, separator, value = item.partition("=")
         if not separator or not name.strip():
             raise DedupOptionError("--fs", item.split("=")[0], "NAME=VALUE, e.g. key=AKIA...")
-        pairs["fs." + name.strip()] = value
+        name = name.strip()
+        pairs[name if name.startswith("fs.") else "fs." + name] = value  # either spelling
     return parse_storage_options(pairs)
 
 
@@ -159,6 +171,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    location = locate(args.path, args.store, _storage_options(args))
+    rows = history_table(location, args.last)
+    if args.json:
+        for line in json_lines(rows):
+            print(line)
+    else:
+        print(render_history(rows, location.store_url))
+    return 0
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     store = locate(args.path, args.store, _storage_options(args)).store()
     before = store.read()
@@ -197,6 +220,7 @@ COMMANDS = {
     "run": cmd_run,
     "validate": cmd_validate,
     "inspect": cmd_inspect,
+    "history": cmd_history,
     "release": cmd_release,
     "repair": cmd_repair,
 }

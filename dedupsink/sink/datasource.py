@@ -21,7 +21,9 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
+    InputPartition,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
@@ -173,14 +175,63 @@ def current_task(plan: SinkPlan) -> TaskIdentity:
     )
 
 
+class DedupHistoryReader(DataSourceReader):
+    """``spark.read.format("dedup").load(path)``: the store's history, one row per committed
+    window (``store/history.py``), read in one task. The store is found when the query is
+    planned, so a path without one fails there, naming it."""
+
+    def __init__(self, options: dict[str, str], columns: list[str]) -> None:
+        from dedupsink.options import STORE_PATH, parse_storage_options
+        from dedupsink.store.history import SCHEMA
+        from dedupsink.store.store import find_store
+
+        unknown = [name for name in columns if name not in SCHEMA.names]
+        if unknown:
+            raise DedupOptionError(
+                "schema", ", ".join(unknown), f"columns of the history: {', '.join(SCHEMA.names)}"
+            )
+        self.columns = columns
+        self.storage_options = parse_storage_options(options)
+        named = {key.lower(): value for key, value in options.items()}  # Spark lowers them
+        path = named.get("path")
+        self.store_path = named.get(STORE_PATH.lower())
+        if self.store_path is None:
+            found = None if not path else find_store(path, self.storage_options)
+            if found is None:
+                raise DedupOptionError(
+                    "path",
+                    path,
+                    "an output path whose _store folder holds a dedup store, or a store path "
+                    "(storePath); there is no store there",
+                )
+            self.store_path = found[0]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from dedupsink.store.history import load_history
+
+        table = load_history(None, self.storage_options, self.store_path)
+        yield from table.select(self.columns).to_batches()
+
+
 class DedupDataSource(DataSource):
     """``df.writeStream.format("dedup")`` splits each micro-batch into four ports;
     ``df.write.format("dedup").mode("append")`` writes a DataFrame as one window of the same
-    store and ports (a backfill, a daily job)."""
+    store and ports (a backfill, a daily job); ``spark.read.format("dedup").load(path)`` reads
+    the store's history, one row per committed window."""
 
     @classmethod
     def name(cls) -> str:
         return "dedup"
+
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from dedupsink.store.history import SCHEMA
+
+        return from_arrow_schema(SCHEMA, prefer_timestamp_ntz=False)
+
+    def reader(self, schema: StructType) -> DedupHistoryReader:
+        return DedupHistoryReader(dict(self.options), list(schema.fieldNames()))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
         from pyspark.sql.pandas.types import to_arrow_schema
