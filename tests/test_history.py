@@ -37,6 +37,7 @@ from dedupsink.store.history import (
     read_history,
     record_window,
 )
+from dedupsink.store.storage import Storage
 from dedupsink.store.store import BucketStore
 
 SCHEMA_IN = pa.schema([("id", pa.int64()), ("seq", pa.int64())])
@@ -129,6 +130,24 @@ def test_one_row_per_window_with_the_commits_counts(tmp_path: Path) -> None:
     assert dedupsink.history(str(out / "_store")).equals(table)
     with pytest.raises(DedupOptionError, match="no store there"):
         dedupsink.history(str(tmp_path / "nothing"))
+
+
+def test_a_commit_folds_the_records_it_wrote_without_reading_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    sink = LocalSink({"path": str(out), **OPTIONS}, SCHEMA_IN)
+    reads: list[str] = []
+    original = Storage.read
+
+    def counted(self: Storage, path: str) -> bytes:
+        reads.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(Storage, "read", counted)
+    run_windows(sink, range(FANOUT))
+    assert not [path for path in reads if HISTORY_DIR in path]
+    assert history_files(out) == ["s000000000001-000000000016.seg"]
 
 
 def test_basic_mode_and_a_release_have_no_points_and_no_row(tmp_path: Path) -> None:
