@@ -11,9 +11,10 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from dedupsink.errors import DedupError, DedupOptionError
 
@@ -57,6 +58,11 @@ OWNER_TIMEOUT_DEFAULT = "10 seconds"
 # Options named fs.<name> are fsspec storage options <name> for the store and the ports.
 STORAGE_OPTION_PREFIX = "fs."
 MASK = "***"
+# Storage options that say where, not who: their values are shown in errors (an endpoint is what
+# a person needs to see when it cannot be reached); every other storage option's value is masked.
+SHOWN_STORAGE_OPTIONS = frozenset(
+    {"endpoint_url", "endpoint", "region_name", "region", "anon", "use_ssl", "account_name"}
+)
 ASSUME_SAME_EXPIRY = "assumeSameExpiry"
 # Assumption 1 of the Malhar design: re-sent copies carry their original's expiry value, which
 # lets time buckets keep the working set small. Copies stamped with their own (send) time need
@@ -402,9 +408,10 @@ class DedupOptions:
         return out
 
     def mask(self, text: str) -> str:
-        """``text`` with every storage option's value replaced by ``***``."""
+        """``text`` with every storage option's value replaced by ``***``, but where the
+        storage is (``SHOWN_STORAGE_OPTIONS``: its endpoint, region, account)."""
         secrets = [v for k, v in self.iceberg_catalog.items() if _SECRET_PROPERTY.search(k)]
-        return mask_values(text, [*self.storage_options.values(), *secrets])
+        return mask_values(text, [*storage_secrets(self.storage_options), *secrets])
 
     @contextmanager
     def masking(self) -> Iterator[None]:
@@ -497,6 +504,21 @@ def parse_catalog_properties(raw: Mapping[str, str]) -> dict[str, str]:
             )
         properties[name] = str(value)
     return properties
+
+
+def storage_secrets(storage_options: Mapping[str, object]) -> list[object]:
+    """The values of ``storage_options`` that errors and logs must not show: all but those of
+    ``SHOWN_STORAGE_OPTIONS`` (or names close to one), and of those the password of a URL's
+    user part."""
+    secrets: list[object] = []
+    for name, value in storage_options.items():
+        # A misspelt endpoint (fs.endpont_url) is shown as the endpoint would be.
+        if not difflib.get_close_matches(name.lower(), SHOWN_STORAGE_OPTIONS, n=1, cutoff=0.8):
+            secrets.append(value)
+        elif isinstance(value, str) and "@" in value:
+            with suppress(ValueError):
+                secrets.append(urlsplit(value).password or "")
+    return secrets
 
 
 def mask_values(text: str, values: Iterable[object]) -> str:

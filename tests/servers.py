@@ -98,8 +98,9 @@ class S3Fault:
     """Fail the next ``times`` requests for which ``matches`` holds: ``how`` is ``"500"``
     (answered with an error before the server acts), ``"drop"`` (acted on, then the
     connection is closed before the reply), ``"deny"`` (a DeleteObjects answered 200 with an
-    AccessDenied error for each key, none deleted: how S3 reports a missing permission) or
-    ``"409"`` (a ConditionalRequestConflict: another conditional write of the key in flight)."""
+    AccessDenied error for each key, none deleted: how S3 reports a missing permission),
+    ``"409"`` (a ConditionalRequestConflict: another conditional write of the key in flight) or
+    ``"403"`` (AccessDenied: credentials without the permission)."""
 
     matches: Callable[[S3Request], bool]
     times: int = 1
@@ -165,6 +166,12 @@ class _Middleware:
                 b"<Error><Code>ConditionalRequestConflict</Code>"
                 b"<Message>A conflicting operation is in progress</Message></Error>"
             ]
+        if fault is not None and fault.how == "403":
+            request.status = 403
+            start_response("403 Forbidden", [("Content-Type", "application/xml")])
+            if request.kind == "HEAD":  # a reply to HEAD has no body
+                return [b""]
+            return [b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"]
         if fault is not None and fault.how == "500":
             request.status = 500
             start_response("500 Internal Server Error", [("Content-Type", "application/xml")])

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import errno
+import inspect
 import os
 import re
 import threading
@@ -58,6 +60,12 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from dedupsink.errors import DedupOptionError, StoreError
+from dedupsink.options import (
+    MASK,
+    STORAGE_OPTION_PREFIX,
+    mask_values,
+    storage_secrets,
+)
 
 __all__ = [
     "Entry",
@@ -160,6 +168,7 @@ class Storage(ABC):
                 f"{SUPPORTED}: the {protocol}:// filesystem ({fs_class.__name__}) offers no atomic "
                 "conditional create, which every commit of the store needs",
             )
+        family.check_option_names(fs_class, options)
         try:
             fs, root = fsspec.core.url_to_fs(url, **family.fs_options(options))
         except (TypeError, ValueError) as exc:
@@ -169,6 +178,35 @@ class Storage(ABC):
     @classmethod
     def handles(cls, fs_class: type) -> bool:
         return any(p in _protocols(fs_class) for p in cls.protocols)
+
+    @classmethod
+    def option_names(cls, fs_class: type) -> frozenset[str] | None:
+        """The storage options the filesystem takes; None where it takes any name (and a
+        misspelt one is silently ignored)."""
+        return None
+
+    @classmethod
+    def check_option_names(cls, fs_class: type, options: dict[str, Any]) -> None:
+        """Refuse a storage option the filesystem does not know, with the closest known name."""
+        known = cls.option_names(fs_class)
+        if known is None:
+            return
+        for name in sorted(set(options) - known):
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            shown = MASK if storage_secrets({name: options[name]}) else options[name]
+            hint = (
+                f"did you mean {STORAGE_OPTION_PREFIX}{close[0]}?"
+                if close
+                else "e.g. "
+                + ", ".join(
+                    f"{STORAGE_OPTION_PREFIX}{n}" for n in ("endpoint_url", "key", "secret")
+                )
+            )
+            raise DedupOptionError(
+                STORAGE_OPTION_PREFIX + name,
+                shown,
+                f"a storage option {fs_class.__name__} takes: {hint}",
+            )
 
     @classmethod
     def fs_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -508,20 +546,40 @@ class ObjectStorage(Storage):
         bucket = self.root.split("/", 1)[0]
         try:
             self.fs.info(bucket)
-        except FileNotFoundError as exc:
-            raise DedupOptionError(
-                option,
-                self.url,
-                f"a URL in an existing bucket or container: {bucket!r} does not exist",
-            ) from exc
-        except PermissionError as exc:
-            raise DedupOptionError(
-                option, self.url, f"a location these credentials may use (access denied: {exc})"
-            ) from exc
-        except self.client_errors() as exc:
-            raise DedupOptionError(
-                option, self.url, f"a reachable location ({type(exc).__name__}: {exc})"
-            ) from exc
+        except Exception as exc:
+            refusal = self.refusal(exc, option)
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    def refusal(self, exc: BaseException, option: str) -> DedupOptionError | None:
+        """The option error for a failure of the client to use the root at all (no bucket, no
+        access, no credentials, no endpoint), in one line with the endpoint shown and secrets
+        masked; None for any other failure. ``check_reachable`` and the CLI share it."""
+        bucket = self.root.split("/", 1)[0]
+        at = f" at {self.endpoint()}" if self.endpoint() else ""
+        if isinstance(exc, FileNotFoundError):
+            accepted = f"a URL in an existing bucket or container: {bucket!r} does not exist{at}"
+        elif isinstance(exc, PermissionError):
+            accepted = f"a location these credentials may use: access denied{at} ({_first(exc)})"
+        else:
+            accepted = self.client_problem(exc) or ""
+            if not accepted and isinstance(exc, self.client_errors()):
+                accepted = f"a reachable location{at} ({type(exc).__name__}: {_first(exc)})"
+        if not accepted:
+            return None
+        secrets = storage_secrets(self.options)
+        return DedupOptionError(
+            option, mask_values(self.url, secrets), mask_values(accepted, secrets)
+        )
+
+    def endpoint(self) -> str | None:
+        """Where the client sends its requests, when set (shown in errors)."""
+        return None
+
+    def client_problem(self, exc: BaseException) -> str | None:
+        """What is accepted, for a failure particular to the client (credentials, endpoint)."""
+        return None
 
     def client_errors(self) -> tuple[type[BaseException], ...]:
         """What the filesystem's client raises when it cannot reach or use the service."""
@@ -538,6 +596,58 @@ class S3Storage(ObjectStorage):
         from botocore.exceptions import BotoCoreError, ClientError
 
         return (OSError, BotoCoreError, ClientError)
+
+    @classmethod
+    def option_names(cls, fs_class: type) -> frozenset[str] | None:
+        # s3fs hands every name its own __init__ does not take (but fsspec's listings cache
+        # options) to aiobotocore's session, which refuses an unknown one only at the first
+        # request, as a TypeError naming neither the option nor the right name.
+        from aiobotocore.session import AioSession
+        from fsspec.dircache import DirCache
+
+        names = {"skip_instance_cache"}
+        for owner in (fs_class, DirCache, AioSession):
+            init = next(c.__dict__["__init__"] for c in owner.__mro__ if "__init__" in c.__dict__)
+            names.update(_named_parameters(init))
+        return frozenset(names)
+
+    def endpoint(self) -> str | None:
+        client = getattr(self.fs, "client_kwargs", None) or {}
+        return (
+            getattr(self.fs, "endpoint_url", None)
+            or client.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
+
+    def client_problem(self, exc: BaseException) -> str | None:
+        from botocore.exceptions import (
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+
+        cause = _in_chain(
+            exc, (NoCredentialsError, PartialCredentialsError, EndpointConnectionError)
+        )
+        at = f" at {self.endpoint()}" if self.endpoint() else ""
+        if isinstance(cause, EndpointConnectionError):
+            named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
+            return f"a reachable S3 endpoint: nothing answers at {self.endpoint() or 'AWS'}{named}"
+        if isinstance(cause, PartialCredentialsError):
+            given = [f"fs.{n}" for n in _S3_CREDENTIALS.values() if n in self.options]
+            missing = _S3_CREDENTIALS.get(str(cause.kwargs.get("cred_var")), "key")
+            if given:
+                what = f"{' and '.join(given)} set without fs.{missing}"
+            else:
+                what = f"partial credentials from {cause.kwargs.get('provider')}: {_first(cause)}"
+            return f"S3 credentials{at}: {what}; set both fs.key and fs.secret, or neither"
+        if isinstance(cause, NoCredentialsError):
+            return (
+                f"S3 credentials{at}: none found; set fs.key and fs.secret (or "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or fs.anon=true for a public bucket"
+            )
+        return None
 
     def read(self, path: str) -> bytes:
         # A ranged GET: a plain cat_file first asks the object's size with a HEAD. S3 answers
@@ -616,6 +726,12 @@ class S3Storage(ObjectStorage):
             )
 
 
+# botocore's name of a credential, as the s3fs parameter (the sink's fs.<name>) that sets it.
+_S3_CREDENTIALS = {
+    "aws_access_key_id": "key",
+    "aws_secret_access_key": "secret",
+    "aws_session_token": "token",
+}
 _CONFLICT = "ConditionalRequestConflict"
 
 
@@ -676,6 +792,28 @@ class AzureStorage(ObjectStorage):
                 )
             await asyncio.sleep(pause)
             pause = min(2 * pause, 2.0)
+
+
+def _named_parameters(function: Any) -> list[str]:
+    """The parameters of ``function`` that can be given by name (not ``self``, ``*args``)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    parameters = inspect.signature(function).parameters.values()
+    return [p.name for p in parameters if p.kind in kinds and p.name != "self"]
+
+
+def _in_chain(exc: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first of ``exc`` and its causes that is one of ``types`` (s3fs wraps the client's)."""
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None or isinstance(seen, types):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _first(exc: BaseException) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _protocols(fs_class: type) -> tuple[str, ...]:
