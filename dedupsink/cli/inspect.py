@@ -32,6 +32,7 @@ from dedupsink.ports.output import Output
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner
+from dedupsink.store.storage import Storage
 from dedupsink.store.store import LOG_DIR, BucketStore, find_store, recorded_settings
 
 __all__ = ["Location", "locate", "render", "report", "to_json"]
@@ -74,7 +75,12 @@ def locate(
     options = dict(storage_options or {})
     url = resolve_path(path).rstrip("/")
     if store is not None:
-        return Location(resolve_path(store).rstrip("/"), url, options)
+        store_url = resolve_path(store).rstrip("/")
+        Storage.for_url(store_url, options, "--store").check_reachable("--store")
+        return Location(store_url, url, options)
+    # One request on an object store, so that no credentials, no endpoint or no bucket is
+    # said as such, not as "no dedup store" or the client's traceback.
+    Storage.for_url(url, options, "PATH").check_reachable("PATH")
     found = find_store(url, options)
     if found is not None:
         return Location(found[0], found[1], options)

@@ -30,9 +30,9 @@ from dedupsink.cli.ddl import parse_schema
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import DedupOptions
+from dedupsink.options import PATH, STORE_PATH, DedupOptions
 from dedupsink.store.format import Manifest
-from dedupsink.store.storage import basename
+from dedupsink.store.storage import Storage, basename
 from dedupsink.store.store import BucketStore, check_settings
 
 log = logging.getLogger("dedupsink.cli")
@@ -183,8 +183,12 @@ def _hidden(name: str) -> bool:
 
 
 def check_store(config: JobConfig, job: PreparedJob) -> Manifest | None:
-    """The store's latest manifest, if it exists; its settings must match the job's."""
+    """The store's latest manifest, if it exists; its settings must match the job's. The output
+    and the store are checked first as the sink checks them when its query starts: a missing
+    bucket, refused credentials or an endpoint where nothing answers fail here, before Spark."""
     try:
+        Storage.for_url(job.options.path, job.options.storage_options).check_reachable(PATH)
+        job.store.storage.check_reachable(STORE_PATH)
         manifest = job.store.read()
     except DedupOptionError as exc:
         raise _as_config_error(config, exc) from exc

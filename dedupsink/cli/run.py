@@ -162,18 +162,52 @@ def write_batch(spark: Any, job: PreparedJob) -> None:
 
 def failure_of(exc: Exception) -> QueryFailed:
     """The root cause of a Spark failure in one line: a dedupsink error when there is one, else
-    the Python error of the failed task, else Spark's own first line."""
+    the Python error of the failed task, else Spark's own words (its error class and message,
+    not py4j's "An error occurred while calling o34.load.")."""
     text = str(exc)
     found = _DEDUP_ERROR_LINE.findall(text)
     if found:
         name, message = found[-1]
         return QueryFailed(f"{name}: {message.strip()}", 2 if name in _OPTION_ERRORS else 1)
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    first = java_cause(exc) or _first_line(text) or type(exc).__name__
     python = [m for m in _PYTHON_ERROR_LINE.findall(text) if not m[0].startswith(_JVM_PACKAGES)]
     if python:
         name, message = python[-1]
         return QueryFailed(f"{name}: {message.strip()} (in the streaming query: {first})")
     return QueryFailed(first)
+
+
+def java_cause(exc: Exception) -> str | None:
+    """What the JVM said, in one line, for a py4j error that PySpark did not convert (its text
+    starts "An error occurred while calling oNN.method."): of the Java exception and its
+    causes, the first with an error class (``[DATA_SOURCE_NOT_FOUND] ...``), else the first
+    with a message, named by its class (``UnsupportedFileSystemException: No FileSystem for
+    scheme "s3"``)."""
+    from py4j.protocol import Py4JError
+
+    chain: list[tuple[str, str]] = []  # (class name, first line of the message)
+    java = getattr(exc, "java_exception", None)
+    try:
+        while java is not None and len(chain) < 16:
+            chain.append((str(java.getClass().getName()), _first_line(str(java.getMessage()))))
+            java = java.getCause()
+    except Py4JError:  # the gateway is gone: Spark's text names the Java exception too
+        chain = []
+    if not chain:
+        lines = [line[2:] for line in str(exc).splitlines() if line.startswith(": ")]
+        chain = [(name, message.strip()) for name, _, message in (x.partition(": ") for x in lines)]
+    chain = [(name, message) for name, message in chain if message and message != "None"]
+    classified = next((message for _, message in chain if message.startswith("[")), None)
+    if classified is not None:
+        return classified
+    if chain:
+        name, message = chain[0]
+        return f"{name.rsplit('.', 1)[-1]}: {message}"
+    return None
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 class WindowWatcher:
