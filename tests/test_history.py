@@ -94,6 +94,23 @@ def test_record_format_round_trip_and_damage() -> None:
     assert parse_name(".r000000000042.rec.1a2b.tmp") is None
 
 
+def test_points_as_text_in_every_mode() -> None:
+    day = 86_400_000_000
+    assert hist.point_text(None, {"mode": "basic"}, []) is None
+    assert hist.point_text(1.5e6, {"mode": "systemTime"}, []) == "1970-01-01 00:00:01.5 UTC"
+    timestamp = {"mode": "tupleTime", "expiry_type": "timestamp[us]"}
+    assert hist.point_text(day, timestamp, []) == "1970-01-02 00:00:00"
+    zoned = {"mode": "tupleTime", "expiry_type": "timestamp[us, tz=UTC]"}
+    assert hist.point_text(-day, zoned, []) == "1969-12-31 00:00:00 UTC"
+    assert hist.point_text(day, {"mode": "tupleTime", "expiry_type": "date32[day]"}, []) == (
+        "1970-01-02"
+    )
+    assert hist.point_text(3e17, timestamp, []) == "300000000000000000 µs since 1970-01-01"
+    assert hist.point_text(1, {"mode": "categorical"}, ["a", "b"]) == "b"
+    assert hist.point_text(-1, {"mode": "categorical"}, ["a"]) == "-1 (no category)"
+    assert hist.point_text(0.25, {"mode": "ordered"}, []) == "0.25"
+
+
 # -- rows of real windows ------------------------------------------------------------------------
 
 

@@ -140,12 +140,10 @@ def point_text(value: float | None, settings: dict[str, Any], categories: list[s
         return None
     mode = settings.get("mode")
     expiry_type = str(settings.get("expiry_type") or "")
-    if mode == "systemTime" or (mode == "tupleTime" and not expiry_type.startswith("date")):
+    if mode in ("systemTime", "tupleTime"):
+        date = expiry_type.startswith("date") and value % MICROS_PER_DAY == 0
         zone = mode == "systemTime" or "tz=" in expiry_type
-        return _utc_text(value) + (" UTC" if zone else "")
-    if mode == "tupleTime":
-        text = _utc_text(value)
-        return text[:10] if value % MICROS_PER_DAY == 0 else text
+        return _time_text(value, date, zone)
     if mode == "categorical":
         ordinal = int(value)
         if ordinal < 0:
@@ -154,12 +152,18 @@ def point_text(value: float | None, settings: dict[str, Any], categories: list[s
     return number_text(value)
 
 
-def _utc_text(micros: float) -> str:
-    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
+def _time_text(micros: float, date: bool, zone: bool) -> str:
+    """A time in µs since the epoch as UTC text; one outside years 1 to 9999 as its number."""
+    try:
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
+    except OverflowError:
+        return f"{int(micros)} µs since 1970-01-01"
+    if date:
+        return moment.strftime("%Y-%m-%d")
     text = moment.strftime("%Y-%m-%d %H:%M:%S")
     if moment.microsecond:
         text += f".{moment.microsecond:06d}".rstrip("0")
-    return text
+    return text + (" UTC" if zone else "")
 
 
 def to_table(rows: Iterable[Row]) -> pa.Table:
