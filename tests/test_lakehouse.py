@@ -259,6 +259,7 @@ def test_backfill_rerun_restart_and_fresh_checkpoint_commit_each_window_once(
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # on S3, about 9 s a format: CI runs it with `make test-slow`
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_on_s3_a_backfill_a_stream_and_its_restart_commit_each_window_once(
     spark: Any, workdir: Path, s3: S3Server, fmt: str

@@ -136,6 +136,7 @@ def assert_reference(output: Path, inputs: Sequence[pa.Table], order: Sequence[i
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # 100 s: CI runs it with `make test-slow`
 def test_spark_worker_killed_mid_write_and_driver_killed_around_the_commit_lose_nothing(
     tmp_path: Path,
 ) -> None:
