@@ -165,10 +165,10 @@ def read_port_ids(fmt: str, output: Path, port: str) -> Any:
     if fmt == "iceberg":
         from pyiceberg.catalog import load_catalog
 
-        from dedupsink.ports.iceberg import CATALOG_FILE, CATALOG_NAME
+        from dedupsink.ports.iceberg import CATALOG_FILE, CATALOG_NAME_DEFAULT
 
         catalog = load_catalog(
-            CATALOG_NAME,
+            CATALOG_NAME_DEFAULT,
             type="sql",
             uri=f"sqlite:///{output}/{CATALOG_FILE}",
             warehouse=f"file://{output}",
