@@ -203,12 +203,13 @@ def every_step_points(steps: list[dict[str, Any]], root: Path, batches: int) -> 
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # a kill at each of about twenty kinds of step: CI runs it with test-slow
 def test_driver_killed_at_every_step_of_the_commit_restarts_exactly_once(
     tmp_path: Path, spark: Any
 ) -> None:
-    # Four garbage collections (versions 16 to 64: old manifests, dropped and orphaned window
-    # files, stale staging), six log compactions.
-    batches = 66
+    # Eight garbage collections (versions 16 to 128: old manifests, dropped and orphaned window
+    # files, stale staging, folded history records), twelve log compactions.
+    batches = 130
     rehearsal = Job(tmp_path / "rehearsal", batches, engine="direct")
     rehearsal.control.set_points([], record=True)
     assert rehearsal.run().returncode == 0
