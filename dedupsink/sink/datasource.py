@@ -182,8 +182,7 @@ class DedupHistoryReader(DataSourceReader):
 
     def __init__(self, options: dict[str, str], columns: list[str]) -> None:
         from dedupsink.options import STORE_PATH, parse_storage_options
-        from dedupsink.store.history import SCHEMA
-        from dedupsink.store.store import find_store
+        from dedupsink.store.history import SCHEMA, store_of
 
         unknown = [name for name in columns if name not in SCHEMA.names]
         if unknown:
@@ -196,15 +195,7 @@ class DedupHistoryReader(DataSourceReader):
         path = named.get("path")
         self.store_path = named.get(STORE_PATH.lower())
         if self.store_path is None:
-            found = None if not path else find_store(path, self.storage_options)
-            if found is None:
-                raise DedupOptionError(
-                    "path",
-                    path,
-                    "an output path whose _store folder holds a dedup store, or a store path "
-                    "(storePath); there is no store there",
-                )
-            self.store_path = found[0]
+            self.store_path = store_of(path, self.storage_options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from dedupsink.store.history import load_history

@@ -56,6 +56,7 @@ __all__ = [
     "read_history",
     "record_window",
     "row_of",
+    "store_of",
 ]
 
 HISTORY_DIR = "_history"
@@ -386,14 +387,12 @@ def _merged(parts: Iterable[list[Row]]) -> list[Row]:
 
 def read_history(store: BucketStore) -> pa.Table:
     """Every window the history holds, one row a version, oldest first (``SCHEMA``)."""
-    for attempt in range(_READ_ATTEMPTS):
+    for _ in range(_READ_ATTEMPTS - 1):
         try:
             return to_table(_read_rows(_History(store)))
         except FileNotFoundError:
-            # A compaction deleted a file listed a moment ago: its rows are in a segment now.
-            if attempt == _READ_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
+            continue  # a compaction deleted a file listed a moment ago: its rows are in a segment
+    return to_table(_read_rows(_History(store)))
 
 
 def load_history(
@@ -402,16 +401,22 @@ def load_history(
     """The history of the store ``store_path``, or of the one ``path`` names (an output path,
     whose store is ``<path>/_store``, or a store path)."""
     if store_path is None:
-        found = None if not path else find_store(path, storage_options)
-        if found is None:
-            raise DedupOptionError(
-                "path",
-                path,
-                "an output path whose _store folder holds a dedup store, or a store path "
-                "(storePath); there is no store there",
-            )
-        store_path = found[0]
+        store_path = store_of(path, storage_options)
     return read_history(BucketStore(store_path, storage_options, "storePath"))
+
+
+def store_of(path: str | None, storage_options: dict[str, Any] | None = None) -> str:
+    """The store an output path (``<path>/_store``) or a store path names; refused, naming
+    the path, where there is none."""
+    found = None if not path else find_store(path, storage_options)
+    if found is None:
+        raise DedupOptionError(
+            "path",
+            path,
+            "an output path whose _store folder holds a dedup store, or a store path "
+            "(storePath); there is no store there",
+        )
+    return found[0]
 
 
 def _read_rows(history: _History) -> list[Row]:
