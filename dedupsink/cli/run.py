@@ -41,6 +41,7 @@ from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import join_url
 from dedupsink.ports.formats import port_format
 from dedupsink.sink.plan import BATCH_WRITE_PREFIX
+from dedupsink.sink.worker import COMMIT_LOG_ENV
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import release
 from dedupsink.store.records import WindowRecord
@@ -108,6 +109,8 @@ def spark_session(job: PreparedJob, log_level: str) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # The commit's worker inherits this: run prints its own line per batch, not the sink's too.
+    os.environ[COMMIT_LOG_ENV] = "off"
     conf = {**SPARK_DEFAULTS, **job.config.spark_conf}
     conf.pop("spark.master", None)
     with tempfile.TemporaryDirectory(prefix="dedupsink-") as scratch:

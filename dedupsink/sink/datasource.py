@@ -12,6 +12,7 @@ every commit, on a fresh copy, which is why no state lives on the writer.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from dedupsink.errors import DedupError, DedupOptionError
-from dedupsink.sink.worker import tune_worker_process
+from dedupsink.sink.worker import COMMIT_LOG_ENV, tune_worker_process
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,7 +107,9 @@ class DedupBatchWriter(DataSourceArrowWriter):
 def _log_to_stderr_if_unconfigured() -> None:
     """Spark runs the commit in a Python worker with no logging set up; give the sink's
     one-line-per-batch summary a stderr handler there (Spark shows a worker's stderr in the
-    driver's log), unless the application configured logging itself."""
+    driver's log), unless the application configured logging itself or prints its own."""
+    if os.environ.get(COMMIT_LOG_ENV, "").lower() == "off":
+        return
     if not log.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

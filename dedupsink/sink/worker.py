@@ -33,6 +33,10 @@ import sys
 
 import pyarrow as pa
 
+# Set to "off" by a driver that prints its own line per batch (``dedupsink run``): the commit's
+# worker, which inherits the driver's environment, then leaves the sink's summary unprinted.
+COMMIT_LOG_ENV = "DEDUPSINK_COMMIT_LOG"
+
 SWITCH_ENV = "DEDUPSINK_TUNE_PROCESS"
 _ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
