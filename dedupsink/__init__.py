@@ -15,6 +15,8 @@ from dedupsink.options import DedupOptions
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from dedupsink.cli.lookup import LookupResult
+
 __all__ = [
     "DedupDataSource",
     "DedupError",
@@ -23,6 +25,7 @@ __all__ = [
     "StoreCorruptError",
     "StoreOwnershipError",
     "history",
+    "lookup",
     "release",
 ]
 __version__ = "0.1.0"
@@ -46,6 +49,27 @@ def history(
     from dedupsink.store.history import load_history
 
     return load_history(path, storage_options, store_path)
+
+
+def lookup(
+    path: str,
+    key: dict[str, Any],
+    storage_options: dict[str, Any] | None = None,
+    store_path: str | None = None,
+    expiry: Any = None,
+) -> LookupResult:
+    """Whether the store under output ``path`` (or a store URL) remembers a key, as ``dedupsink
+    lookup`` says it: ``key`` maps each key column to its value (ISO text or a Python value of
+    the column's type). The answer is a frozen ``LookupResult`` (``to_dict()`` gives what
+    ``--json`` prints): ``remembered``; when remembered,
+    ``window`` (the version that stored it), ``query_id``, ``batch_id``, ``committed_at``,
+    ``stamp`` and ``forgotten_when``; else ``reason``. ``expiry``: the key's expiry value, which
+    narrows the search to one time bucket (tupleTime, ordered)."""
+    from dedupsink.cli.inspect import locate
+    from dedupsink.cli.lookup import lookup as lookup_key
+
+    location = locate(path, store_path, storage_options)
+    return lookup_key(location, key, expiry)
 
 
 def release(

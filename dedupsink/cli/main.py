@@ -1,5 +1,5 @@
-"""The ``dedupsink`` command: ``run``, ``validate``, ``inspect``, ``history``, ``release`` and
-``repair``.
+"""The ``dedupsink`` command: ``run``, ``validate``, ``inspect``, ``history``, ``lookup``,
+``release`` and ``repair``.
 
 Exit codes: 0 success, 1 a runtime failure (store owned by another query, a corrupt file, a
 failed query), 2 a usage, config or option error, 130 interrupted. Errors are one line on
@@ -22,6 +22,9 @@ from dedupsink.cli.history import history_table, json_lines
 from dedupsink.cli.history import render as render_history
 from dedupsink.cli.inspect import locate, render, report, settings_text, to_json
 from dedupsink.cli.job import PreparedJob, prepare
+from dedupsink.cli.lookup import lookup, parse_pairs
+from dedupsink.cli.lookup import render as render_lookup
+from dedupsink.cli.lookup import to_json as lookup_json
 from dedupsink.cli.run import checkpoint_for, run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
@@ -64,6 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--last", metavar="N", type=int, help="only the last N windows")
     history.add_argument("--json", action="store_true", help="print JSON lines, one a window")
     _add_storage(history)
+    lookup = commands.add_parser(
+        "lookup", help="whether the store remembers a key, since when, until when (no Spark)"
+    )
+    lookup.add_argument("path", metavar="PATH", help="an output path or a store path")
+    lookup.add_argument(
+        "pairs", metavar="COLUMN=VALUE", nargs="+", help="the value of each key column"
+    )
+    lookup.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    lookup.add_argument(
+        "--expiry",
+        metavar="VALUE",
+        help="the key's expiry value, when it is no key column: only its time bucket is read "
+        "(tupleTime, ordered); without it every bucket is searched",
+    )
+    lookup.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_storage(lookup)
     release = commands.add_parser("release", help="give up a store's owner lease")
     release.add_argument("path", metavar="PATH", help="an output path or a store path")
     release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
@@ -182,6 +201,13 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lookup(args: argparse.Namespace) -> int:
+    pairs = parse_pairs(args.pairs)
+    result = lookup(locate(args.path, args.store, _storage_options(args)), pairs, args.expiry)
+    print(lookup_json(result) if args.json else render_lookup(result))
+    return 0
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     store = locate(args.path, args.store, _storage_options(args)).store()
     before = store.read()
@@ -221,6 +247,7 @@ COMMANDS = {
     "validate": cmd_validate,
     "inspect": cmd_inspect,
     "history": cmd_history,
+    "lookup": cmd_lookup,
     "release": cmd_release,
     "repair": cmd_repair,
 }

@@ -1,0 +1,398 @@
+"""``dedupsink lookup``: is a key remembered by a store's latest version, since when, until when.
+
+The values given for the key columns are parsed by the types the store recorded (``keys``,
+``key_types``), put into a one-row Arrow table and fingerprinted by the engine's own
+``fingerprint`` over ``column(...)`` of each key, as ``WindowClassifier`` does, so the key gets
+the same 128-bit fingerprint and the same bucket (``bucket_of``). The bucket's segments are read
+through ``BucketManager.read_segments`` (final stamps: categories and systemTime window times
+resolved), not decoded here.
+
+In the time-bucket modes (tupleTime and ordered with ``assumeSameExpiry``) a key's bucket
+depends on its expiry value. When the expiry key is one of the key columns, or ``expiry`` is
+given, only that bucket is read; otherwise every bucket's segments are searched (the whole
+index: slower on a large store, but a user who finds a row in ``duplicate/`` rarely knows the
+original's expiry value).
+
+A remembered key reports the window whose window file holds it (the file's version) and that
+version's history row (query, batch, commit time). A compaction folds older segments into a
+later window's file; when a window's files hold more keys than its history row says it added,
+the window is reported as an upper bound (``window_is_upper_bound``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dedupsink.cli.display import point_text, utc_text
+from dedupsink.cli.errors import ConfigError
+from dedupsink.cli.inspect import Location
+from dedupsink.engine.classify import bucket_of, stamp_dtype
+from dedupsink.engine.expiry import expiry_values
+from dedupsink.engine.fingerprint import fingerprint
+from dedupsink.engine.settings import Settings, column
+from dedupsink.store.cache import BucketCache, BucketManager
+from dedupsink.store.format import Manifest, Segment
+from dedupsink.store.history import read_history
+from dedupsink.store.store import recorded_settings
+
+__all__ = ["LookupResult", "lookup", "parse_pairs", "render", "to_json"]
+
+_TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:, tz=(.+))?\]")
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """The answer for one key; ``to_dict()`` is what ``--json`` prints."""
+
+    store: str
+    version: int | None  # the store's latest version, the one asked
+    key: dict[str, str]
+    remembered: bool
+    fingerprint: str  # the key's 128-bit fingerprint, h1 then h2, in hex
+    bucket: int | None  # None: every bucket was searched (time buckets, expiry value unknown)
+    mode: str
+    window: int | None = None  # the version of the window file that holds the key
+    window_is_upper_bound: bool = False
+    query_id: str | None = None
+    batch_id: int | None = None
+    committed_at: str | None = None  # ISO-8601 UTC
+    stamp: float | None = None
+    stamp_text: str | None = None
+    latest_point: float | None = None
+    latest_point_text: str | None = None
+    expiry_point: float | None = None
+    expiry_point_text: str | None = None
+    forgotten_at_latest: float | None = None  # the latest point at which it is forgotten
+    forgotten_at_latest_text: str | None = None
+    forgotten_when: str | None = None  # in words
+    reason: str | None = None  # why it is not remembered, in words
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_pairs(items: Sequence[str]) -> dict[str, str]:
+    """``COLUMN=VALUE`` arguments as a dict (a value may itself hold ``=``)."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, separator, value = item.partition("=")
+        if not separator or not name.strip():
+            raise ConfigError("COLUMN=VALUE", f"{item!r} is not COLUMN=VALUE, e.g. id=42")
+        pairs[name.strip()] = value
+    return pairs
+
+
+def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) -> LookupResult:
+    """Whether the located store's latest version remembers the key ``values`` (column ->
+    value: text parsed by the column's recorded type, or a Python value of it)."""
+    store = location.store()
+    manifest = store.read()
+    if manifest is None:
+        raise ConfigError("PATH", f"store {store.url} has no committed version yet")
+    recorded = recorded_settings(manifest.settings)
+    settings = _settings(recorded)
+    row = _key_table(settings, values)
+    keys = [column(row, name) for name in settings.keys]  # as WindowClassifier.classify
+    fps = fingerprint(keys)
+    h1, h2 = int(fps.h1[0]), int(fps.h2[0])
+    categories = list(manifest.categories)
+    expiry_point = settings.expiry_point(manifest.latest)
+    known_stamp = _expiry_of(settings, row, expiry, manifest)
+    manager = store_manager(location, manifest, settings)
+    if settings.buckets_by_time and known_stamp is None:
+        bucket = None  # every bucket, one at a time: at most one bucket's keys in memory
+        found = [
+            hit
+            for _, segments in sorted(manifest.buckets.items())
+            for hit in _find(manager, list(segments), h1, h2)
+        ]
+    else:
+        stamps = None if known_stamp is None else np.array([known_stamp])
+        bucket = int(bucket_of(settings, fps, stamps)[0])
+        found = _find(manager, list(manifest.buckets.get(bucket, [])), h1, h2)
+
+    def text(value: float | None) -> str | None:
+        return None if value is None else point_text(value, recorded, categories)
+
+    base: dict[str, Any] = {
+        "store": store.url,
+        "version": manifest.version,
+        "key": {name: _value_text(column(row, name)) for name in settings.keys},
+        "fingerprint": f"{h1:016x}{h2:016x}",
+        "bucket": bucket,
+        "mode": settings.mode,
+        "latest_point": manifest.latest,
+        "latest_point_text": text(manifest.latest),
+        "expiry_point": expiry_point,
+        "expiry_point_text": text(expiry_point),
+    }
+    alive = [
+        (file, stamp)
+        for file, stamp in found
+        if stamp is None or expiry_point is None or stamp > expiry_point
+    ]
+    if not alive:
+        return LookupResult(
+            remembered=False,
+            reason=_why_not(settings, found, known_stamp, expiry_point, text),
+            **base,
+        )
+    kept = [stamp for _, stamp in alive if stamp is not None]
+    stamp = max(kept) if kept else None
+    window = min(manifest.files[file].window for file, _ in alive)
+    result: dict[str, Any] = {"window": window, "stamp": stamp, "stamp_text": text(stamp)}
+    result.update(_history_of(location, manifest, window))
+    if stamp is None or settings.period is None:
+        result["forgotten_when"] = "never: Basic Dedup remembers every key for good"
+    else:
+        forget = stamp + settings.period
+        result["forgotten_at_latest"] = forget
+        result["forgotten_at_latest_text"] = text(forget)
+        result["forgotten_when"] = (
+            f"once the latest point reaches {text(forget)} (its stamp plus the expiry period): "
+            f"the expiry point then reaches its stamp {text(stamp)}"
+        )
+    return LookupResult(remembered=True, **base, **result)
+
+
+def store_manager(location: Location, manifest: Manifest, settings: Settings) -> BucketManager:
+    """A manager of its own (no process cache shared with a sink), for reading segments."""
+    return BucketManager(location.store(), BucketCache(1), stamp_dtype(settings)).use(manifest)
+
+
+def _settings(recorded: dict[str, Any]) -> Settings:
+    fields: dict[str, Any] = {name: recorded.get(name) for name in Settings.__dataclass_fields__}
+    fields["keys"] = tuple(recorded.get("keys") or ())
+    fields["key_types"] = tuple(recorded.get("key_types") or ())
+    fields["max_expiry_jump"] = None
+    return Settings(**fields)
+
+
+def _arrow_type(name: str, recorded: str) -> pa.DataType:
+    """A recorded key type this command can parse a value for; refused otherwise."""
+    found = _TIMESTAMP.fullmatch(recorded)
+    if found:
+        return pa.timestamp(found.group(1), tz=found.group(2))
+    if recorded in ("date32[day]", "date64[ms]"):
+        return pa.date32() if recorded.startswith("date32") else pa.date64()
+    simple = {
+        "string": pa.string(),
+        "large_string": pa.large_string(),
+        "bool": pa.bool_(),
+        "float": pa.float32(),
+        "double": pa.float64(),
+        **{
+            f"{sign}int{bits}": getattr(pa, f"{sign}int{bits}")()
+            for sign in ("", "u")
+            for bits in (8, 16, 32, 64)
+        },
+    }
+    if recorded in simple:
+        return simple[recorded]
+    raise ConfigError(
+        name,
+        f"key column {name!r} has type {recorded}, which lookup cannot parse a value for "
+        "(integers, floats, booleans, strings, timestamps and dates in ISO text)",
+    )
+
+
+def _parse(name: str, kind: pa.DataType, value: Any) -> pa.Array:
+    """One value of ``kind`` as a one-element array; text parsed, one-line errors."""
+    try:
+        if isinstance(value, str):
+            value = _from_text(kind, value)
+        return pa.array([value], type=kind)
+    except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError(
+            name, f"{name}={value!s}: not a value of the column's type {kind} ({detail})"
+        ) from None
+
+
+def _from_text(kind: pa.DataType, text: str) -> Any:
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return text
+    if pa.types.is_integer(kind):
+        return int(text.strip())
+    if pa.types.is_floating(kind):
+        return float(text.strip())
+    if pa.types.is_boolean(kind):
+        lowered = text.strip().lower()
+        if lowered not in ("true", "false"):
+            raise ValueError("true or false")
+        return lowered == "true"
+    if pa.types.is_date(kind):
+        return dt.date.fromisoformat(text.strip())
+    if pa.types.is_timestamp(kind):
+        moment = dt.datetime.fromisoformat(text.strip())
+        zone = getattr(kind, "tz", None)
+        if zone is not None and moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)  # naive text in a zoned column: UTC
+        if zone is None and moment.tzinfo is not None:
+            moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
+        return moment
+    raise ValueError(f"no text form for {kind}")  # _arrow_type refused it before
+
+
+def _key_table(settings: Settings, values: Mapping[str, Any]) -> pa.Table:
+    """The key as a one-row table with the store's recorded column types."""
+    missing = [name for name in settings.keys if name not in values]
+    unknown = [name for name in values if name not in settings.keys]
+    wanted = ", ".join(settings.keys)
+    if missing:
+        raise ConfigError(
+            "COLUMN=VALUE",
+            f"missing key column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"(the store's keys: {wanted})",
+        )
+    if unknown:
+        raise ConfigError(
+            "COLUMN=VALUE", f"{', '.join(unknown)}: not a key column of the store (keys: {wanted})"
+        )
+    arrays = [
+        _parse(name, _arrow_type(name, kind), values[name])
+        for name, kind in zip(settings.keys, settings.key_types, strict=True)
+    ]
+    return pa.Table.from_arrays(arrays, names=list(settings.keys))
+
+
+def _expiry_of(settings: Settings, row: pa.Table, given: Any, manifest: Manifest) -> float | None:
+    """The key's expiry value in the store's encoding, when it is known: from ``given`` or from
+    a key column that is the expiry key (only the time-bucket modes need it)."""
+    name = settings.expiry_key
+    if name is None or settings.mode not in ("tupleTime", "ordered"):
+        return None
+    if given is not None:
+        kind = _arrow_type(f"expiry {name}", settings.expiry_type or "")
+        array = _parse(f"--expiry ({name})", kind, given)
+    elif name in settings.keys:
+        array = column(row, name)
+    else:
+        return None
+    values = expiry_values(array, settings, manifest.category_ordinals())
+    if values.unreadable.any():
+        raise ConfigError("--expiry", f"{name}: not a valid {settings.mode} expiry value")
+    return float(values.values[0])
+
+
+def _find(
+    manager: BucketManager, segments: list[Segment], h1: int, h2: int
+) -> list[tuple[str, float | None]]:
+    """(window file, stamp) of every stored copy of the key in these segments."""
+    if not segments:
+        return []
+    keys = manager.read_segments(segments)
+    ends = np.cumsum([segment.count for segment in segments])
+    if len(ends) and int(ends[-1]) != len(keys.h1):  # counts disagree: one segment at a time
+        return [hit for segment in segments for hit in _find_one(manager, segment, h1, h2)]
+    hits = np.flatnonzero((keys.h1 == np.uint64(h1)) & (keys.h2 == np.uint64(h2)))
+    owners = np.searchsorted(ends, hits, side="right")
+    return [
+        (
+            segments[int(owner)].file,
+            None if keys.stamps is None else float(keys.stamps[int(hit)]),
+        )
+        for hit, owner in zip(hits, owners, strict=True)
+    ]
+
+
+def _find_one(
+    manager: BucketManager, segment: Segment, h1: int, h2: int
+) -> list[tuple[str, float | None]]:
+    keys = manager.read_segments([segment])
+    hits = np.flatnonzero((keys.h1 == np.uint64(h1)) & (keys.h2 == np.uint64(h2)))
+    return [
+        (segment.file, None if keys.stamps is None else float(keys.stamps[int(hit)]))
+        for hit in hits
+    ]
+
+
+def _why_not(
+    settings: Settings,
+    found: list[tuple[str, float | None]],
+    known_stamp: float | None,
+    expiry_point: float | None,
+    text: Any,
+) -> str:
+    if found:
+        top = max(stamp for _, stamp in found if stamp is not None)
+        return (
+            f"forgotten: its stamp {text(top)} is at or below the expiry point "
+            f"{text(expiry_point)} (keys at or below it are forgotten)"
+        )
+    if settings.mode == "basic":
+        return "never seen: no committed window stored this key (Basic Dedup forgets nothing)"
+    if expiry_point is None:
+        return "never seen: no committed window stored this key (nothing has expired yet)"
+    if known_stamp is not None and known_stamp <= expiry_point:
+        return (
+            f"expired or forgotten: its expiry value {text(known_stamp)} is at or below the "
+            f"expiry point {text(expiry_point)}, so a row with it is expired and such keys are "
+            "forgotten"
+        )
+    return (
+        "never seen, or forgotten: keys whose expiry value is at or below the expiry point "
+        f"{text(expiry_point)} are forgotten"
+    )
+
+
+def _history_of(location: Location, manifest: Manifest, window: int) -> dict[str, Any]:
+    """Query, batch and commit time of the window ``window``, from the history when it has it;
+    whether the window's files hold more keys than it added (a compaction folded older ones)."""
+    rows = read_history(location.store())
+    matching = [r for r in rows.to_pylist() if r["version"] == window]
+    if not matching:
+        return {}
+    row = matching[0]
+    committed: dt.datetime = row["committed_at"]
+    held = sum(f.keys for f in manifest.files.values() if f.window == window)
+    return {
+        "query_id": row["query_id"],
+        "batch_id": row["batch_id"],
+        "committed_at": committed.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "window_is_upper_bound": held > int(row["keys_added"] or 0),
+    }
+
+
+def _value_text(array: pa.Array) -> str:
+    value = array[0].as_py()
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def to_json(result: LookupResult) -> str:
+    return json.dumps(result.to_dict())
+
+
+def render(result: LookupResult) -> str:
+    """The answer for people."""
+    key = ", ".join(f"{name}={value}" for name, value in result.key.items())
+    lines = [f"store       {result.store} (version {result.version})", f"key         {key}"]
+    if not result.remembered:
+        lines.append(f"remembered  no: {result.reason}")
+        return "\n".join(lines)
+    since = f"window {result.window}"
+    if result.window_is_upper_bound:
+        since += " or earlier (its file holds keys a compaction folded from older windows)"
+    if result.batch_id is not None and result.committed_at is not None:
+        moment = dt.datetime.fromisoformat(result.committed_at)
+        when = utc_text((moment - _EPOCH) // dt.timedelta(microseconds=1))
+        since += f" (query {result.query_id}, batch {result.batch_id}, committed {when})"
+    lines.append(f"remembered  yes, since {since}")
+    if result.stamp_text is not None:
+        lines.append(f"stamp       {result.stamp_text}")
+        lines.append(f"expiry      {result.expiry_point_text} now")
+    lines.append(f"forgotten   {result.forgotten_when}")
+    return "\n".join(lines)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
