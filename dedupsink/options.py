@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
@@ -236,6 +237,19 @@ def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
 def number_text(value: float) -> str:
     """``3.0`` -> ``'3'``, ``0.5`` -> ``'0.5'``: a number as an option value."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def utc_text(micros: float, zone: bool = True) -> str:
+    """A time in microseconds since the epoch as UTC text (``2014-12-31 07:55:00 UTC``); one
+    outside the years 1 to 9999 as its number, not an error."""
+    try:
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
+    except OverflowError:
+        return f"{int(micros)} µs since 1970-01-01"
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}".rstrip("0")
+    return text + (" UTC" if zone else "")
 
 
 def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:

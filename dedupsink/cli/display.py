@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dedupsink.options import MICROS_PER_DAY, number_text
+from dedupsink.options import MICROS_PER_DAY, number_text, utc_text
+
+__all__ = ["human_bytes", "point_text", "table", "utc_text"]
 
 
 def human_bytes(count: int) -> str:
@@ -16,14 +17,6 @@ def human_bytes(count: int) -> str:
             return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{count} B"
-
-
-def utc_text(micros: float, zone: bool = True) -> str:
-    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
-    text = moment.strftime("%Y-%m-%d %H:%M:%S")
-    if moment.microsecond:
-        text += f".{moment.microsecond:06d}".rstrip("0")
-    return text + (" UTC" if zone else "")
 
 
 def point_text(value: float | None, settings: Mapping[str, Any], categories: Sequence[str]) -> str:

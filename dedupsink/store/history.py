@@ -30,7 +30,6 @@ import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgpack
@@ -38,7 +37,7 @@ import pyarrow as pa
 
 from dedupsink.engine.settings import expiry_point_of
 from dedupsink.errors import DedupOptionError, StoreCorruptError
-from dedupsink.options import MICROS_PER_DAY, number_text
+from dedupsink.options import MICROS_PER_DAY, number_text, utc_text
 from dedupsink.store.format import Manifest
 from dedupsink.store.storage import Storage
 from dedupsink.store.store import BucketStore, find_store, recorded_settings
@@ -142,29 +141,15 @@ def point_text(value: float | None, settings: dict[str, Any], categories: list[s
     mode = settings.get("mode")
     expiry_type = str(settings.get("expiry_type") or "")
     if mode in ("systemTime", "tupleTime"):
-        date = expiry_type.startswith("date") and value % MICROS_PER_DAY == 0
-        zone = mode == "systemTime" or "tz=" in expiry_type
-        return _time_text(value, date, zone)
+        if expiry_type.startswith("date") and value % MICROS_PER_DAY == 0:
+            return utc_text(value, zone=False)[:10]
+        return utc_text(value, zone=mode == "systemTime" or "tz=" in expiry_type)
     if mode == "categorical":
         ordinal = int(value)
         if ordinal < 0:
             return f"{ordinal} (no category)"
         return categories[ordinal] if ordinal < len(categories) else str(ordinal)
     return number_text(value)
-
-
-def _time_text(micros: float, date: bool, zone: bool) -> str:
-    """A time in µs since the epoch as UTC text; one outside years 1 to 9999 as its number."""
-    try:
-        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
-    except OverflowError:
-        return f"{int(micros)} µs since 1970-01-01"
-    if date:
-        return moment.strftime("%Y-%m-%d")
-    text = moment.strftime("%Y-%m-%d %H:%M:%S")
-    if moment.microsecond:
-        text += f".{moment.microsecond:06d}".rstrip("0")
-    return text + (" UTC" if zone else "")
 
 
 def to_table(rows: Iterable[Row]) -> pa.Table:
