@@ -203,13 +203,10 @@ def assert_final_tables(job: TableJob, orphans: set[Path] = frozenset()) -> None
     assert not staging.exists() or not [p for p in staging.rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("output_format", ["delta", "iceberg"])
-@pytest.mark.parametrize("step", sorted(STEPS))
-def test_driver_killed_in_table_publication_restarts_exactly_once(
-    tmp_path: Path, output_format: str, step: str
-) -> None:
+def kill_once_then_restart(job: TableJob, step: str) -> None:
+    """Kill the job at ``step`` of its third window, check what the tables show then, restart
+    it to the end and check the tables."""
     where, showing = STEPS[step]
-    job = TableJob(tmp_path, output_format)
     job.control.set_points([FaultPoint(step, where, batch=KILLED_BATCH)])
     first = job.run()
     assert first.killed, f"{first.result}\n{first.stderr}"
@@ -218,6 +215,14 @@ def test_driver_killed_in_table_publication_restarts_exactly_once(
     job.run_until_done()
     assert [run.killed for run in job.runs] == [True, False]
     assert_final_tables(job)
+
+
+@pytest.mark.parametrize("output_format", ["delta", "iceberg"])
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_driver_killed_in_table_publication_restarts_exactly_once(
+    tmp_path: Path, output_format: str, step: str
+) -> None:
+    kill_once_then_restart(TableJob(tmp_path, output_format), step)
 
 
 @pytest.mark.parametrize(
@@ -290,17 +295,7 @@ def test_spark_driver_killed_between_delta_port_commits_restarts_exactly_once(
     """A real Structured Streaming query into Delta ports: the driver's process group is killed
     between unique's and duplicate's Delta commits; restarted from Spark's checkpoint, the query
     finishes the publication and discards its re-run of the batch."""
-    job = TableJob(tmp_path, "delta", engine="spark")
-    step = "b-between-ports"
-    where, showing = STEPS[step]
-    job.control.set_points([FaultPoint(step, where, batch=KILLED_BATCH)])
-    first = job.run()
-    assert first.killed, f"{first.result}\n{first.stderr}"
-    assert set(job.control.fired()) == {step}
-    assert_after_kill(job, KILLED_BATCH, showing)
-    job.run_until_done()
-    assert [run.killed for run in job.runs] == [True, False]
-    assert_final_tables(job)
+    kill_once_then_restart(TableJob(tmp_path, "delta", engine="spark"), "b-between-ports")
 
 
 def test_embedded_iceberg_catalog_reads_back_as_the_readme_shows(tmp_path: Path) -> None:
