@@ -309,6 +309,7 @@ def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path
     assert report["owner"] is None
 
 
+@pytest.mark.slow  # two Spark runs of the backfill job, about 40 s: CI runs it in test-slow
 def test_a_backfill_run_twice_puts_every_row_in_duplicate_or_expired(
     sample_data: Callable[[str], Path], tmp_path: Path
 ) -> None:
