@@ -245,3 +245,27 @@ def test_an_iceberg_catalog_name_files_the_tables_where_other_engines_look(
     lake = load_catalog("lake", type="sql", uri=database, warehouse=f"file://{tmp_path}")
     table = lake.load_table("dedup.orders_unique")
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == [1, 2]
+
+
+def test_an_iceberg_commit_works_out_its_pending_metadata_once_per_staged_change(
+    tmp_path: Path,
+) -> None:
+    """pyiceberg's transaction deep-copies the table's metadata on every read of its pending
+    state; the sink's transaction reuses it until a change is staged, and commits the same."""
+    from dedupsink.ports.iceberg import _transaction
+
+    url = str(tmp_path / "orders")
+    sink = LocalSink(options(url, "iceberg"), SCHEMA)
+    sink.window(0, rows([1], 1000))
+    table = sink.plan.ports._table("unique")
+    transaction = _transaction(table)
+    assert transaction.table_metadata is transaction.table_metadata
+    before = transaction.table_metadata
+    transaction.set_properties({"owner": "orders-team"})
+    after = transaction.table_metadata
+    assert after is not before and after.properties["owner"] == "orders-team"
+    transaction.commit_transaction()
+    assert sink.plan.ports._table("unique").metadata.properties["owner"] == "orders-team"
+    sink.window(1, rows([2], 1000))
+    unique = sink.plan.ports._table("unique")
+    assert sorted(unique.scan().to_arrow().column("id").to_pylist()) == [1, 2]

@@ -14,6 +14,7 @@ fails, reads the table again and finds the other's snapshot.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any
@@ -225,7 +226,7 @@ class IcebergPorts(PortFormat):
             if published_version(table, store_id) >= publication.window:
                 return
             try:
-                with _without_retries(table).transaction() as transaction:
+                with _transaction(_without_retries(table)) as transaction:
                     transaction.add_files(
                         paths, snapshot_properties=summary, check_duplicate_files=False
                     )
@@ -300,6 +301,37 @@ def _without_retries(table: Any) -> Any:
         table.io,
         table.catalog,
     )
+
+
+def _transaction(table: Any) -> Any:
+    """A transaction on ``table`` that works out its pending metadata once per change.
+
+    pyiceberg's ``Transaction.table_metadata`` applies the staged updates to the table's
+    metadata and deep-copies the result each time it is read, and one ``add_files`` reads it
+    about seventeen times: that copying was two thirds of a window's Iceberg commit, and grows
+    with the table's history. Staging replaces the tuple of updates with a longer one, so a
+    result stays right while the table's metadata and that tuple are the same objects."""
+    return _memo_transaction_class()(table)
+
+
+@functools.cache
+def _memo_transaction_class() -> type:
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.metadata import TableMetadata
+
+    class MemoTransaction(Transaction):  # type: ignore[misc]
+        _memo: tuple[object, object, TableMetadata] | None = None
+
+        @property
+        def table_metadata(self) -> TableMetadata:
+            base, updates = self._table.metadata, self._updates
+            memo = self._memo
+            if memo is None or memo[0] is not base or memo[1] is not updates:
+                memo = (base, updates, super().table_metadata)
+                self._memo = memo
+            return memo[2]
+
+    return MemoTransaction
 
 
 def _shape(catalog: Any, schema: pa.Schema) -> list[tuple[str, str]]:
