@@ -1,10 +1,12 @@
 # dedupsink — every target sets itself up: a fresh clone needs only Python 3.11, Java 17 and make
-# (and npm for the test targets, which install the tests' Azure emulator).
+# (and npm for the test targets, which install the tests' Azure emulator; on Debian as root they
+# install chromium too, for the report's browser test).
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 AZURITE_STAMP := $(VENV)/azurite/.installed
+CHROMIUM_STAMP := $(VENV)/.chromium
 # Microsoft's Azure Blob emulator, for the tests
 AZURITE_VERSION := 3.37.0
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -30,6 +32,13 @@ $(AZURITE_STAMP): | $(STAMP)
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@$(AZURITE_VERSION)
 	@touch $(AZURITE_STAMP)
 
+# The report's test draws the page in a real browser: Debian's chromium, headless.
+$(CHROMIUM_STAMP): | $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "chromium is needed for the tests (the report's browser test): install Debian's 'chromium' package (sudo apt-get install chromium)"; exit 2; fi; \
+	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@touch $(CHROMIUM_STAMP)
+
 install: $(STAMP) $(AZURITE_STAMP) ## Create .venv and install dedupsink with its dev tools and the tests' emulator
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy
@@ -41,16 +50,16 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix dedupsink tests bench tools pyspark_dedup.py
 	$(VENV)/bin/ruff format dedupsink tests bench tools pyspark_dedup.py
 
-test: $(AZURITE_STAMP) ## Everything but the slow tests, Spark and cluster tests included (under 15 minutes)
+test: $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything but the slow tests, Spark and cluster tests included (under 15 minutes)
 	$(PY) -m pytest -q -m "not slow"
 
-test-fast: $(STAMP) ## Unit tests only: engine, store, cache, options (no Spark)
-	$(PY) -m pytest -q -m "not spark and not cluster and not slow"
+test-fast: $(STAMP) ## Unit tests only: engine, store, cache, options (no Spark, no browser)
+	$(PY) -m pytest -q -m "not spark and not cluster and not slow and not browser"
 
-test-slow: $(AZURITE_STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
+test-slow: $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
 	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no slow test collected
 
-test-all: $(AZURITE_STAMP) ## Everything, the slow tests too
+test-all: $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything, the slow tests too
 	$(PY) -m pytest -q
 
 run: $(STAMP) ## Run the demo job (log dedup with 24 h tuple-time expiry) on the shipped sample data

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from dedupsink.cli.lookup import LookupResult
+    from dedupsink.cli.report import ReportFile
 
 __all__ = [
     "DedupDataSource",
@@ -27,6 +28,7 @@ __all__ = [
     "history",
     "lookup",
     "release",
+    "report",
 ]
 __version__ = "0.1.0"
 
@@ -70,6 +72,24 @@ def lookup(
 
     location = locate(path, store_path, storage_options)
     return lookup_key(location, key, expiry)
+
+
+def report(
+    path: str,
+    output: str,
+    storage_options: dict[str, Any] | None = None,
+    store_path: str | None = None,
+    last: int | None = None,
+) -> ReportFile:
+    """Write the history of the store under output ``path`` (or a store URL) as charts in one
+    self-contained HTML page, the local file ``output``, as ``dedupsink report`` does: rows per
+    port, duplicate and expired shares, remembered keys, store bytes, latest and expiry points,
+    one column a window (groups of windows past 500). ``last``: only the last windows. Returns
+    a frozen ``ReportFile`` (``path``, ``store_url``, ``windows``, ``columns``, ``nbytes``)."""
+    from dedupsink.cli.inspect import locate
+    from dedupsink.cli.report import write_report
+
+    return write_report(locate(path, store_path, storage_options), output, last)
 
 
 def release(

@@ -1,5 +1,5 @@
 """The ``dedupsink`` command: ``run``, ``validate``, ``inspect``, ``history``, ``lookup``,
-``release`` and ``repair``.
+``report``, ``release`` and ``repair``.
 
 Exit codes: 0 success, 1 a runtime failure (store owned by another query, a corrupt file, a
 failed query), 2 a usage, config or option error, 130 interrupted. Errors are one line on
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from dedupsink import __version__
 from dedupsink.cli.config import SPARK_PREFIX, load_config
+from dedupsink.cli.display import human_bytes
 from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.history import history_table, json_lines
 from dedupsink.cli.history import render as render_history
@@ -25,6 +26,7 @@ from dedupsink.cli.job import PreparedJob, prepare
 from dedupsink.cli.lookup import lookup, parse_pairs
 from dedupsink.cli.lookup import render as render_lookup
 from dedupsink.cli.lookup import to_json as lookup_json
+from dedupsink.cli.report import write_report
 from dedupsink.cli.run import checkpoint_for, run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
@@ -83,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lookup.add_argument("--json", action="store_true", help="print one JSON object")
     _add_storage(lookup)
+    report = commands.add_parser(
+        "report", help="the store's history as charts in one self-contained HTML page (no Spark)"
+    )
+    report.add_argument("path", metavar="PATH", help="an output path or a store path")
+    report.add_argument(
+        "-o", "--output", metavar="FILE", required=True, help="the HTML file to write"
+    )
+    report.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    report.add_argument("--last", metavar="N", type=int, help="only the last N windows")
+    _add_storage(report)
     release = commands.add_parser("release", help="give up a store's owner lease")
     release.add_argument("path", metavar="PATH", help="an output path or a store path")
     release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
@@ -208,6 +220,21 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    location = locate(args.path, args.store, _storage_options(args))
+    written = write_report(location, args.output, args.last)
+    if written.windows == 0:
+        print(f"wrote {written.path}: store {written.store_url} has no window committed yet")
+        return 0
+    windows = "window" if written.windows == 1 else "windows"
+    drawn = "" if written.columns == written.windows else f" in {written.columns} columns"
+    print(
+        f"wrote {written.path}: {written.windows} {windows} of store {written.store_url}"
+        f"{drawn} ({human_bytes(written.nbytes)})"
+    )
+    return 0
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     store = locate(args.path, args.store, _storage_options(args)).store()
     before = store.read()
@@ -248,6 +275,7 @@ COMMANDS = {
     "inspect": cmd_inspect,
     "history": cmd_history,
     "lookup": cmd_lookup,
+    "report": cmd_report,
     "release": cmd_release,
     "repair": cmd_repair,
 }

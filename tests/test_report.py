@@ -1,0 +1,378 @@
+"""``dedupsink report`` (``cli/report.py``): the store's history as charts in one HTML page.
+
+A real store is written through ``LocalSink`` (no Spark), reported by the command, and opened in
+headless Chromium (Debian's ``chromium``, which ``make test`` installs): the DOM Chromium builds
+holds one bar a window with a rectangle for each port that has rows, one dot a window on each
+line, and the screenshot shows the port colours, one bar a window across the chart. The rest
+are fast page tests: an empty history, one window, 10,000 windows (at most ``MAX_COLUMNS``
+columns, well under 1 MB), a store without points, escaping, and the command's errors.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import struct
+import subprocess
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import dedupsink
+from dedupsink.cli.main import main
+from dedupsink.cli.report import COLOURS, MAX_COLUMNS, columns_of, page
+from dedupsink.engine.classify import PORTS
+from dedupsink.sink.local import LocalSink
+from dedupsink.store.history import to_table
+
+TIME_SCHEMA = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+T0 = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
+WINDOWS = 6
+SETTINGS = {"mode": "tupleTime", "expiry_type": "timestamp[us, tz=UTC]"}
+
+
+def time_window(batch: int) -> pa.Table:
+    """Ten new ids 20 minutes after the last window's; three of those re-sent as they were
+    (duplicates); from the third window one row three hours old (expired); a row without a
+    time (error)."""
+    moment = T0 + dt.timedelta(minutes=20 * batch)
+    ids = list(range(10 * batch, 10 * batch + 10))
+    times: list[dt.datetime | None] = [moment] * 10
+    if batch:
+        ids += [10 * batch - 10, 10 * batch - 9, 10 * batch - 8]
+        times += [moment - dt.timedelta(minutes=20)] * 3
+    if batch >= 2:
+        ids.append(100_000 + batch)
+        times.append(moment - dt.timedelta(hours=3))
+    ids.append(200_000 + batch)
+    times.append(None)
+    return pa.table({"id": ids, "ts": times}, schema=TIME_SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def time_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "out"
+    options = {"path": str(out), "keys": "id", "expiryKey": "ts", "expiryPeriod": "1 hour"}
+    sink = LocalSink(options, TIME_SCHEMA)
+    for batch in range(WINDOWS):
+        sink.window(batch, time_window(batch), partitions=2)
+    return out
+
+
+def report(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["report", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# -- the DOM ---------------------------------------------------------------------------------
+
+
+class Element:
+    """An element of a parsed page: its tag, attributes, children and own text."""
+
+    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
+        self.tag, self.attrs = tag, attrs
+        self.children: list[Element] = []
+        self.text = ""
+
+    def iter(self, tag: str | None = None, **attrs: str) -> list[Element]:
+        found = []
+        for child in self.children:
+            if (tag is None or child.tag == tag) and all(
+                child.attrs.get(k.rstrip("_")) == v for k, v in attrs.items()
+            ):
+                found.append(child)
+            found += child.iter(tag, **attrs)
+        return found
+
+    def all_text(self) -> str:
+        return self.text + "".join(child.all_text() for child in self.children)
+
+
+class Tree(HTMLParser):
+    VOID = {"meta", "br", "img", "input", "link", "hr"}
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.root = Element("#document", {})
+        self.stack = [self.root]
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {k: v or "" for k, v in attrs})
+        self.stack[-1].children.append(element)
+        if tag not in self.VOID:
+            self.stack.append(element)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.stack[-1].children.append(Element(tag, {k: v or "" for k, v in attrs}))
+
+    def handle_endtag(self, tag: str) -> None:
+        while len(self.stack) > 1:
+            if self.stack.pop().tag == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        self.stack[-1].text += data
+
+
+def chart(tree: Tree, name: str) -> Element:
+    (svg,) = tree.root.iter("svg", **{"data-chart": name})
+    return svg
+
+
+# -- the browser -----------------------------------------------------------------------------
+
+
+def chromium(profile: Path, *args: str) -> str:
+    binary = shutil.which("chromium")
+    if binary is None:
+        pytest.fail("chromium is needed: `make test` installs it (Debian's package 'chromium')")
+    command = [
+        binary,
+        "--headless",
+        "--no-sandbox",  # as root in a container
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--force-color-profile=srgb",  # colours as written, for the screenshot's pixels
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def decode_png(data: bytes) -> np.ndarray:
+    """An 8-bit RGB or RGBA PNG (as Chromium writes its screenshots) as RGB pixels, rows by
+    columns by 3."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, bytearray()
+    width = height = colour = 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and colour in (2, 6) and interlace == 0
+        elif kind == b"IDAT":
+            idat += body
+    channels = 3 if colour == 2 else 4
+    stride = width * channels
+    raw = np.frombuffer(zlib.decompress(bytes(idat)), np.uint8).reshape(height, stride + 1)
+    image = np.zeros((height, stride), np.uint8)
+    above = np.zeros(stride, np.uint8)
+    for y in range(height):
+        kind, line = int(raw[y, 0]), raw[y, 1:]
+        if kind == 0:
+            row = line.copy()
+        elif kind == 1:  # Sub: a running sum along the row, per channel
+            sums = np.cumsum(line.reshape(width, channels), axis=0, dtype=np.uint64)
+            row = (sums % 256).astype(np.uint8).ravel()
+        elif kind == 2:  # Up
+            row = line + above
+        else:
+            row = unfilter_sequential(kind, line.tobytes(), above.tobytes(), channels)
+        image[y] = row
+        above = row
+    return image.reshape(height, width, channels)[:, :, :3]
+
+
+def unfilter_sequential(kind: int, line: bytes, above: bytes, channels: int) -> np.ndarray:
+    """Average (3) and Paeth (4) rows, byte by byte: each byte depends on the one before."""
+    out = bytearray(line)
+    for i in range(len(out)):
+        left = out[i - channels] if i >= channels else 0
+        up = above[i]
+        if kind == 3:
+            out[i] = (out[i] + (left + up) // 2) & 255
+            continue
+        corner = above[i - channels] if i >= channels else 0
+        guess = left + up - corner
+        to_left, to_up, to_corner = abs(guess - left), abs(guess - up), abs(guess - corner)
+        if to_left <= to_up and to_left <= to_corner:
+            predicted = left
+        elif to_up <= to_corner:
+            predicted = up
+        else:
+            predicted = corner
+        out[i] = (out[i] + predicted) & 255
+    return np.frombuffer(bytes(out), np.uint8)
+
+
+def rgb(colour: str) -> tuple[int, int, int]:
+    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+
+
+def runs(flags: np.ndarray) -> int:
+    """Runs of True in a row of pixels."""
+    padded = np.concatenate([[False], flags, [False]]).astype(np.int8)
+    return int((np.diff(padded) == 1).sum())
+
+
+@pytest.mark.browser
+def test_chromium_draws_a_bar_and_a_dot_a_window(
+    time_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "report.html"
+    code, out, err = report([str(time_store), "-o", str(target)], capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"wrote {target}: {WINDOWS} windows of store {time_store}/_store (")
+    history = dedupsink.history(str(time_store)).to_pylist()
+    assert len(history) == WINDOWS
+    assert sum(row["expired"] for row in history) > 0  # every port has rows somewhere
+    assert all(row["duplicate"] for row in history[1:]) and all(r["error"] for r in history)
+
+    dom = Tree(chromium(tmp_path / "profile", "--dump-dom", target.as_uri()))
+    assert f"{time_store}/_store" in dom.root.iter("h1")[0].all_text()
+    bars = chart(dom, "rows").iter("g", class_="bar")
+    assert [int(bar.attrs["data-version"]) for bar in bars] == [r["version"] for r in history]
+    for bar, row in zip(bars, history, strict=True):
+        drawn = [rect.attrs["class"] for rect in bar.iter("rect")]
+        assert drawn == [port for port in PORTS if row[port]]  # stacked bottom up
+        assert bar.iter("title")[0].all_text().endswith(f"error {row['error']}")
+    for name, lines in (("shares", 2), ("keys", 1), ("bytes", 1), ("points", 2)):
+        svg = chart(dom, name)
+        assert len(svg.iter("circle")) == lines * WINDOWS, name
+        assert len(svg.iter("polyline")) == lines, name
+        (points,) = svg.iter("polyline")[:1]
+        assert len(points.attrs["points"].split()) == WINDOWS
+    ticks = [t.all_text() for t in chart(dom, "points").iter("g", class_="axis y")[0].iter("text")]
+    assert "05-01 12:00" in ticks  # a time axis, in UTC
+
+    shot = tmp_path / "report.png"
+    chromium(
+        tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,2300", target.as_uri()
+    )
+    pixels = decode_png(shot.read_bytes())
+    assert pixels.shape == (2300, 1200, 3)
+    white = (pixels == 255).all(axis=2)
+    assert 0.03 < 1 - white.mean() < 0.6  # drawn, and not a page of one colour
+    for name in (*PORTS, "keys_remembered", "store_bytes", "latest_point", "expiry_point"):
+        found = (pixels == rgb(COLOURS[name])).all(axis=2)
+        assert found.sum() > 150, f"{name}'s colour {COLOURS[name]} is not on screen"
+    # The line of pixels that crosses the most of the unique port's colour is the bottom of
+    # the bar chart: one run of it per window.
+    unique = (pixels == rgb(COLOURS["unique"])).all(axis=2)
+    assert runs(unique[int(unique.sum(axis=1).argmax())]) == WINDOWS
+
+
+# -- the page --------------------------------------------------------------------------------
+
+
+def synthetic(count: int, **columns: Any) -> pa.Table:
+    """A history of ``count`` windows a minute apart: 1,000 rows each, some of every port."""
+    rows = []
+    for v in range(1, count + 1):
+        moment = 1_714_564_800_000_000 + v * 60_000_000
+        rows.append(
+            {
+                "version": v,
+                "query_id": f"q{v // 1000}",
+                "batch_id": v - 1,
+                "committed_ms": moment // 1000,
+                "unique": 900 + v % 7,
+                "duplicate": 80,
+                "expired": 15 + v % 3,
+                "error": 5,
+                "keys_added": 900,
+                "keys_forgotten": 850,
+                "keys_remembered": 1_000_000 + 50 * v,
+                "latest_point": float(moment),
+                "latest_point_text": f"latest {v}",
+                "expiry_point": float(moment - 86_400_000_000),
+                "expiry_point_text": f"expiry {v}",
+                "store_files": 24,
+                "store_bytes": 40_000_000 + v,
+            }
+            | columns
+        )
+    return to_table(rows)
+
+
+def test_ten_thousand_windows_are_drawn_as_500_columns_well_under_a_megabyte() -> None:
+    rows = synthetic(10_000)
+    columns = columns_of(rows)
+    assert len(columns) == MAX_COLUMNS == 500
+    assert (columns[0].first_version, columns[0].last_version) == (1, 20)
+    assert columns[0].counts == {
+        port: sum(rows.column(port).to_pylist()[:20]) for port in PORTS
+    }  # rows summed over the group ...
+    assert columns[0].keys_remembered == 1_000_000 + 50 * 20  # ... the rest as of its last
+    assert columns[0].latest_text == "latest 20"
+    text = page(rows, columns, "/data/out/_store", SETTINGS)
+    assert len(text.encode()) < 400_000
+    tree = Tree(text)
+    assert len(chart(tree, "rows").iter("g", class_="bar")) == 500
+    assert chart(tree, "shares").iter("circle") == []  # bare lines past 100 columns
+    assert "10,000 windows as 500 columns of 20 consecutive windows" in text
+    total = sum(sum(rows.column(port).to_pylist()) for port in PORTS)
+    assert f"<th>rows</th><td>{total:,}</td>" in text  # the summary counts every window
+    # 501 windows: columns of 2, the last one alone.
+    columns = columns_of(synthetic(501))
+    assert len(columns) == 251 and columns[-1].first_version == columns[-1].last_version == 501
+
+
+def test_one_window_is_a_bar_and_a_dot() -> None:
+    rows = synthetic(1)
+    tree = Tree(page(rows, columns_of(rows), "/data/out/_store", SETTINGS))
+    assert len(chart(tree, "rows").iter("g", class_="bar")) == 1
+    assert len(chart(tree, "points").iter("circle")) == 2
+    assert len(chart(tree, "keys").iter("circle")) == 1
+
+
+def test_an_empty_history_is_a_page_that_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    LocalSink({"path": str(out), "keys": "id"}, pa.schema([("id", pa.int64())])).start()
+    target = tmp_path / "empty.html"
+    code, printed, _ = report([str(out), "-o", str(target)], capsys)
+    assert code == 0
+    assert printed == f"wrote {target}: store {out}/_store has no window committed yet\n"
+    text = target.read_text()
+    assert "No window committed yet" in text and "<svg" not in text
+
+
+def test_a_store_without_points_says_so_and_text_is_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / 'a<b>&"c' / "out"
+    sink = LocalSink({"path": str(out), "keys": "id"}, pa.schema([("id", pa.int64())]))
+    for batch in range(3):
+        sink.window(batch, pa.table({"id": list(range(batch, batch + 5))}), partitions=2)
+    target = tmp_path / "basic.html"
+    assert report([str(out), "-o", str(target), "--last", "2"], capsys)[0] == 0
+    text = target.read_text()
+    assert "a&lt;b&gt;&amp;&quot;c" in text and "a<b>" not in text
+    tree = Tree(text)
+    points = chart(tree, "points")
+    assert points.iter("polyline") == [] and points.iter("circle") == []
+    assert "this store has no expiry (Basic Dedup)" in points.all_text()
+    assert len(chart(tree, "rows").iter("g", class_="bar")) == 2  # --last 2
+    # Self-contained: nothing to fetch, nothing to run.
+    for needle in ("<script", "http:", "https:", "src=", "href=", "url("):
+        assert needle not in text
+    assert "default-src 'none'" in text
+
+
+def test_the_python_function_and_the_commands_errors(
+    time_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "api.html"
+    written = dedupsink.report(str(time_store / "_store"), str(target), last=3)
+    assert (written.windows, written.columns, written.store_url) == (3, 3, f"{time_store}/_store")
+    assert written.nbytes == target.stat().st_size
+    code, _, err = report([str(tmp_path / "nothing"), "-o", str(target)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "no dedup store" in err
+    code, _, err = report([str(time_store), "-o", str(tmp_path / "no" / "dir.html")], capsys)
+    assert code == 1 and err.startswith("dedupsink: error: ") and err.count("\n") == 1
