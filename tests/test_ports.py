@@ -205,6 +205,7 @@ def test_iceberg_snapshots_older_than_the_tables_horizon_are_expired(tmp_path: P
     sink = LocalSink(options(url, "iceberg"), SCHEMA)
     sink.start()
     ports = sink.plan.ports
+    ports.create_deferred_tables(SCHEMA)
     with ports._table("unique").transaction() as transaction:
         transaction.set_properties({MAX_SNAPSHOT_AGE: "0", MIN_SNAPSHOTS: "2"})
     for window in range(17):
@@ -267,5 +268,66 @@ def test_an_iceberg_commit_works_out_its_pending_metadata_once_per_staged_change
     transaction.commit_transaction()
     assert sink.plan.ports._table("unique").metadata.properties["owner"] == "orders-team"
     sink.window(1, rows([2], 1000))
+    unique = sink.plan.ports._table("unique")
+    assert sorted(unique.scan().to_arrow().column("id").to_pylist()) == [1, 2]
+
+
+PLAN_A_NEW_ICEBERG_OUTPUT = """
+import json
+import sys
+import pyarrow as pa
+from dedupsink.sink.plan import plan_for
+schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+plan_for(json.loads(sys.argv[1]), schema, "run-1")
+print("pyiceberg imported" if "pyiceberg" in sys.modules else "pyiceberg not imported")
+"""
+
+
+def test_a_new_embedded_iceberg_catalog_is_made_by_the_first_commit(tmp_path: Path) -> None:
+    """Spark plans a query in a Python process of its own: on a new output with the embedded
+    catalog there is nothing to check, so planning imports no pyiceberg and makes no table;
+    the first commit makes the catalog and the four tables."""
+    import json
+    import subprocess
+    import sys
+
+    from dedupsink.ports.iceberg import CATALOG_FILE
+
+    url = tmp_path / "orders"
+    planned = subprocess.run(
+        [sys.executable, "-c", PLAN_A_NEW_ICEBERG_OUTPUT, json.dumps(options(str(url), "iceberg"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert planned.stdout.strip() == "pyiceberg not imported"
+    assert not (url / CATALOG_FILE).exists()
+    sink = LocalSink(options(str(url), "iceberg"), SCHEMA)
+    sink.window(0, rows([1, 1], 1000))
+    assert (url / CATALOG_FILE).exists()
+    ports = sink.plan.ports
+    tables = {port: ports._table(port) for port in ("unique", "duplicate", "expired", "error")}
+    assert all(table is not None for table in tables.values()), tables
+    assert tables["unique"].scan().to_arrow().column("id").to_pylist() == [1]
+    assert tables["error"].current_snapshot() is None  # created empty: no rows yet
+
+
+def test_an_iceberg_catalog_left_without_tables_gets_them_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """A first commit killed after making the catalog file and before its tables: the next
+    query start makes them (only the sink makes that file, so a file means a start is due)."""
+    from pyiceberg.catalog import load_catalog
+
+    from dedupsink.ports.iceberg import CATALOG_FILE
+
+    url = tmp_path / "orders"
+    url.mkdir()
+    load_catalog("dedupsink", type="sql", uri=f"sqlite:///{url}/{CATALOG_FILE}").list_namespaces()
+    sink = LocalSink(options(str(url), "iceberg"), SCHEMA)
+    sink.start()
+    assert sink.plan.ports._table("unique") is not None
+    sink.window(0, rows([1, 2], 1000))
     unique = sink.plan.ports._table("unique")
     assert sorted(unique.scan().to_arrow().column("id").to_pylist()) == [1, 2]

@@ -6,8 +6,9 @@ record lists for each port (``plan_port``), how a committed window becomes reada
 adds nothing), whether it has (``is_published``), and what ``inspect`` and ``repair`` show.
 At query start, on the driver and before any output, ``check_tables`` refuses what cannot work
 (a missing extra, a catalog out of reach, a table whose schema differs) and ``create_tables``
-makes the tables a format needs. A fourth format is one module with one such class, added to
-``formats.FORMATS``.
+makes the tables a format needs, or leaves them to the first commit
+(``create_deferred_tables``) where making them at the start would only cost time. A fourth
+format is one module with one such class, added to ``formats.FORMATS``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class PortFormat(ABC):
     @abstractmethod
     def create_tables(self, schema: pa.Schema) -> None:
         """Create the port tables that are missing (idempotent)."""
+
+    def create_deferred_tables(self, schema: pa.Schema) -> None:
+        """At a commit, before anything else: create the tables ``create_tables`` left for the
+        first commit (a format whose query start has nothing to check on a new output)."""
+        return None
 
     @abstractmethod
     def has_windows(self) -> bool:

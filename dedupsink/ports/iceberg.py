@@ -15,6 +15,7 @@ fails, reads the table again and finds the other's snapshot.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import threading
 from typing import Any
@@ -131,7 +132,23 @@ class IcebergPorts(PortFormat):
 
     # -- at query start --------------------------------------------------------------------------
 
+    def _catalog_missing(self) -> bool:
+        """Whether the embedded catalog has not been made yet: a new output, with no tables.
+
+        Its tables then wait for the first commit, which imports pyiceberg anyway: Spark plans
+        a query in a Python process of its own, where importing pyiceberg and creating four
+        tables cost most of a second of the first micro-batch. Only ``create_tables`` makes
+        the file, so a file without tables is a creation that was cut short, which the next
+        query start finishes."""
+        if self.options.iceberg_catalog or self.output.storage.family != "local":
+            return False
+        return not os.path.exists(os.path.join(self.output.storage.path(), CATALOG_FILE))
+
     def check_tables(self, schema: pa.Schema) -> None:
+        if self._catalog_missing():
+            self.catalog_properties()  # refuses a path its SQLite URL cannot name
+            _require_pyiceberg()
+            return
         catalog = self.catalog()
         try:
             catalog.list_namespaces()
@@ -147,6 +164,14 @@ class IcebergPorts(PortFormat):
                 self._check_table(table, port, schema)
 
     def create_tables(self, schema: pa.Schema) -> None:
+        if not self._catalog_missing():
+            self._create_tables(schema)
+
+    def create_deferred_tables(self, schema: pa.Schema) -> None:
+        if self._catalog_missing():
+            self._create_tables(schema)
+
+    def _create_tables(self, schema: pa.Schema) -> None:
         exceptions = _pyiceberg().exceptions
         catalog = self.catalog()
         catalog.create_namespace_if_not_exists(self.options.table_namespace)
@@ -164,6 +189,8 @@ class IcebergPorts(PortFormat):
                 continue  # another process created it
 
     def _table(self, port: str) -> Any:
+        if self._catalog_missing():
+            return None  # and no catalog file made by merely looking
         exceptions = _pyiceberg().exceptions
         try:
             return self.catalog().load_table(self.identifier(port))
@@ -373,6 +400,12 @@ def _file_io_properties(family: str, options: dict[str, Any]) -> dict[str, str]:
         # seconds asking AWS for the bucket's.
         properties.setdefault("s3.region", "us-east-1")
     return properties
+
+
+def _require_pyiceberg() -> None:
+    """Refuse a missing extra at query start without importing it (a second, in a planner)."""
+    if importlib.util.find_spec("pyiceberg") is None:
+        raise missing_extra("iceberg", "pyiceberg", ImportError("No module named 'pyiceberg'"))
 
 
 def _pyiceberg() -> Any:

@@ -94,6 +94,7 @@ def commit_window(
     writer = plan.writer(identity.query_id, identity.run)
     base = _base_version(store, done, batch_id)
     ports = plan.ports
+    ports.create_deferred_tables(plan.schema)
     finish_publication(ports, base)
     if any(s.skipped for s in done) or base.queries.get(writer.query, -1) >= batch_id:
         return _discard_rerun(store, output, done, base, writer, batch_id)
