@@ -8,6 +8,7 @@ on stores written here through ``BucketStore``.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,13 +26,22 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+from servers import S3Server
 
 from dedupsink.cli.config import load_config, parse_config, parse_trigger
 from dedupsink.cli.ddl import parse_schema
 from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.job import prepare
 from dedupsink.cli.main import main
-from dedupsink.cli.run import checkpoint_for, failure_of, spark_master
+from dedupsink.cli.run import (
+    RunOutcome,
+    checkpoint_for,
+    failure_of,
+    inspect_command,
+    spark_master,
+    summary,
+)
+from dedupsink.options import DedupOptions
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
@@ -425,6 +435,53 @@ def test_fresh_checkpoint_unless_configured(write_config: WriteConfig, tmp_path:
     assert fresh and location.startswith(f"{tmp_path / 'out'}/_checkpoints/run-")
     chosen = write_config({"checkpointLocation": str(tmp_path / "chk")})
     assert checkpoint_for(prepare(load_config(str(chosen)))) == (str(tmp_path / "chk"), False)
+
+
+def test_the_inspect_hint_gives_the_storage_options_with_secrets_as_dots() -> None:
+    options = DedupOptions.parse(
+        {
+            "path": "s3://lake/cli",
+            "fs.endpoint_url": "http://user:pass-word@127.0.0.1:9000",
+            "fs.key": "AKIAEXAMPLE",
+            "fs.secret": "wJalrXUtnFEMI-EXAMPLEKEY",
+            "fs.anon": "false",
+            "fs.region_name": "eu-west-1",
+        }
+    )
+    assert inspect_command(options) == (
+        "dedupsink inspect s3://lake/cli --fs 'endpoint_url=http://user:***@127.0.0.1:9000' "
+        "--fs key=... --fs secret=... --fs anon=false --fs region_name=eu-west-1",
+        True,
+    )
+    # a store not under the output is named; a path with a space is quoted for the shell
+    elsewhere = DedupOptions.parse({"path": "/data/my out", "storePath": "/data/store"})
+    assert inspect_command(elsewhere) == (
+        "dedupsink inspect '/data/my out' --store /data/store",
+        False,
+    )
+
+
+def test_the_inspect_hint_of_a_run_on_s3_inspects_its_store(
+    s3: S3Server, write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary's Inspect: line, with the job's secrets put for its dots, runs."""
+    place = s3.remote("hint")
+    storage = {f"fs.{name}": value for name, value in s3.storage_options.items()}
+    config = write_config({"path": place.url, **storage})
+    owned_store(config, "q1")
+    job = prepare(load_config(str(config)))
+    lines = summary(job, RunOutcome(), released=True)
+    command = next(line for line in lines if line.startswith("Inspect: "))
+    assert command == (
+        f"Inspect: dedupsink inspect {place.url} --fs endpoint_url={s3.endpoint_url} "
+        "--fs key=... --fs secret=..."
+    )
+    assert lines[-1] == f"         (each ... stands for that fs.<name> value in {config})"
+    argv = shlex.split(command.removeprefix("Inspect: "))[1:]
+    filled = [arg.replace("key=...", "key=test-key") for arg in argv]
+    filled = [arg.replace("secret=...", "secret=test-secret") for arg in filled]
+    assert main(filled) == 0
+    assert "query q1" in capsys.readouterr().out
 
 
 def test_query_failure_is_one_line_with_the_dedup_error() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -38,7 +39,14 @@ from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import expiry_point_of
 from dedupsink.errors import DedupError, StoreError
-from dedupsink.options import join_url
+from dedupsink.options import (
+    STORE_DIRNAME_DEFAULT,
+    DedupOptions,
+    bool_text,
+    join_url,
+    mask_values,
+    storage_secrets,
+)
 from dedupsink.ports.formats import port_format
 from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.sink.worker import COMMIT_LOG_ENV
@@ -55,6 +63,7 @@ MASTER_DEFAULT = "local[2]"
 MASTER_ENV = "SPARK_MASTER"
 POLL_SECONDS = 0.5
 CHECKPOINTS_DIR = "_checkpoints"
+SECRET_PLACEHOLDER = "..."  # a storage option's value in the Inspect: hint that may be a secret
 SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
 _OPTION_ERRORS = ("DedupOptionError", "StoreSettingsError", "UnsupportedKeyType")
 _DEDUP_ERROR_LINE = re.compile(r"(?m)^\s*dedupsink\.[\w.]+?\.(\w+): (.+)$")
@@ -350,8 +359,32 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
         if released
         else "Owner lease not released (see above)."
     )
-    lines.append(f"Inspect: dedupsink inspect {job.options.path}")
+    command, secret = inspect_command(job.options)
+    lines.append(f"Inspect: {command}")
+    if secret:
+        lines.append(f"         (each ... stands for that fs.<name> value in {job.config.origin})")
     return lines
+
+
+def inspect_command(options: DedupOptions) -> tuple[str, bool]:
+    """The ``dedupsink inspect`` command for the job's store, and whether it hides a secret:
+    the output path, ``--store`` when the store is not the default one, and ``--fs NAME=VALUE``
+    for each storage option the job used, shown where it says where the storage is (an
+    endpoint, a region, an account; a password in an endpoint URL masked) and ``...`` for every
+    other value, which may be a secret."""
+    words = ["dedupsink", "inspect", shlex.quote(options.path)]
+    if options.store_path != join_url(options.path, STORE_DIRNAME_DEFAULT):
+        words += ["--store", shlex.quote(options.store_path)]
+    hidden = False
+    for name, value in options.storage_options.items():
+        text = bool_text(value) if isinstance(value, bool) else str(value)  # true/false: shown
+        secrets = [str(secret) for secret in storage_secrets({name: value})]
+        if text in secrets:
+            text, hidden = SECRET_PLACEHOLDER, True
+        else:
+            text = mask_values(text, secrets)  # a password in an endpoint URL
+        words += ["--fs", shlex.quote(f"{name}={text}")]
+    return " ".join(words), hidden
 
 
 def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
