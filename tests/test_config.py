@@ -101,7 +101,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         ({"trigger": "soon"}, "trigger='soon'"),
         ({"source.schema": "serial BIGNUM, ts TIMESTAMP"}, "source.schema="),
         ({"source.format": None}, "source.format is required"),
-        ({"path": None}, "option path=None"),
+        ({"path": None}, "option path is missing"),
         ({"bucketSpan": "48 hours"}, "option bucketSpan='48 hours'"),
         ({"assumeSameExpiry": "maybe"}, "option assumeSameExpiry='maybe'"),
         (
