@@ -7,6 +7,7 @@ on stores written here through ``BucketStore``.
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
 import subprocess
@@ -35,6 +36,7 @@ from dedupsink.cli.job import prepare
 from dedupsink.cli.main import main
 from dedupsink.cli.run import (
     RunOutcome,
+    WindowWatcher,
     checkpoint_for,
     failure_of,
     inspect_command,
@@ -530,3 +532,32 @@ def test_repair_rewrites_a_damaged_sink_log_entry_and_a_dry_run_only_reports_it(
     assert entry.read_text() == intact
     assert main(["repair", str(out / "_store")]) == 0
     assert "is intact" in capsys.readouterr().out
+
+
+def test_inspect_json_numbers_the_last_window_as_run_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run's batch lines, inspect's text and inspect --json call the last window by one number
+    (the store's count of windows), and the JSON gives the version that committed it."""
+    out = tmp_path / "out"
+    sink = LocalSink({"path": str(out), "keys": "id"}, pa.schema([("id", pa.int64())]))
+    sink.window(0, pa.table({"id": pa.array([1, 2], pa.int64())}))
+    assert main(["release", str(out)]) == 0  # a version that is no window
+    printed = io.StringIO()
+    watcher = WindowWatcher(BucketStore(str(out / "_store")), printed)
+    watcher.query_id = sink.query_id
+    for batch in (1, 2):
+        sink.start()  # a restart after the release
+        sink.window(batch, pa.table({"id": pa.array([batch, 10 + batch], pa.int64())}))
+    watcher.poll()
+    lines = printed.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "batch   1 (window 2)",
+        "batch   2 (window 3)",
+    ]
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    assert "windows     3 committed; the last was batch 2" in capsys.readouterr().out
+    assert main(["inspect", str(out), "--json"]) == 0
+    last = json.loads(capsys.readouterr().out)["last_window"]
+    assert (last["window"], last["version"], last["batch"]) == (3, 4, 2)
