@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -561,3 +562,46 @@ def test_inspect_json_numbers_the_last_window_as_run_does(
     assert main(["inspect", str(out), "--json"]) == 0
     last = json.loads(capsys.readouterr().out)["last_window"]
     assert (last["window"], last["version"], last["batch"]) == (3, 4, 2)
+
+
+def test_run_warns_when_a_window_moves_the_latest_point_beyond_the_period(
+    tmp_path: Path,
+) -> None:
+    """maxExpiryJump is unlimited by default: a far-future row expires what came before, which
+    run says once, in the window it happens; with maxExpiryJump the row is an error."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+
+    def rows(*pairs: tuple[int, str]) -> pa.Table:
+        stamps = [datetime.fromisoformat(text).replace(tzinfo=UTC) for _, text in pairs]
+        return pa.table([pa.array([i for i, _ in pairs], pa.int64()), pa.array(stamps)], schema)
+
+    windows = [
+        rows((1, "2014-12-31 00:00"), (2, "2014-12-31 06:00")),
+        rows((3, "2014-12-31 12:00")),  # ordinary: no warning
+        rows((4, "2014-12-31 13:00"), (5, "2099-01-01 00:00")),
+        rows((6, "2014-12-31 14:00")),
+    ]
+    for jump, warnings in ((None, 1), ("30 days", 0)):
+        out = tmp_path / f"out-{jump}"
+        options = {"path": str(out), "keys": "id", "expiryKey": "ts", "expiryPeriod": "1 day"}
+        sink = LocalSink({**options, **({"maxExpiryJump": jump} if jump else {})}, schema)
+        sink.window(0, windows[0])
+        printed, err = io.StringIO(), io.StringIO()
+        watcher = WindowWatcher(BucketStore(str(out / "_store")), printed, err)
+        watcher.query_id = sink.query_id
+        reports = []
+        for batch, table in enumerate(windows[1:], start=1):
+            reports.append(sink.window(batch, table))
+            watcher.poll()
+        assert len(printed.getvalue().splitlines()) == 3
+        assert len(err.getvalue().splitlines()) == warnings
+        if warnings:
+            assert err.getvalue() == (
+                "dedupsink: warning: window 3 moved the latest point from 2014-12-31 12:00:00 "
+                "UTC to 2099-01-01 00:00:00 UTC, more than expiryPeriod (24 hours): rows at or "
+                "before 2098-12-31 00:00:00 UTC now go to expired/ and the keys remembered until "
+                "then are forgotten; if one far-ahead row did it, set maxExpiryJump to make such "
+                "rows errors\n"
+            )
+            assert [r.counts.expired for r in reports if r] == [0, 0, 1]  # 14:00 expired
+    assert [r.counts.error for r in reports if r] == [0, 1, 0]  # 2099 beyond maxExpiryJump

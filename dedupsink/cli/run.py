@@ -37,12 +37,13 @@ from dedupsink.cli.config import CHECKPOINT, SOURCE_PATH
 from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
 from dedupsink.engine.classify import PORTS
-from dedupsink.engine.settings import expiry_point_of
+from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import (
     STORE_DIRNAME_DEFAULT,
     DedupOptions,
     bool_text,
+    human_span,
     join_url,
     mask_values,
     storage_secrets,
@@ -225,11 +226,14 @@ def _first_line(text: str) -> str:
 class WindowWatcher:
     """Reads the manifests committed since the last look and prints this query's windows."""
 
-    def __init__(self, store: BucketStore, out: TextIO) -> None:
+    def __init__(self, store: BucketStore, out: TextIO, err: TextIO | None = None) -> None:
         self.store = store
         self.out = out
+        self.err = err
         versions = store.versions()
         self.seen = versions[-1] if versions else -1
+        start = store.read(self.seen) if versions else None
+        self.latest = None if start is None else start.latest  # the latest point seen last
         self.query_id = ""
         self.batch = False  # a batch job: its write's id is learnt from the window it commits
         self.windows: list[WindowRecord] = []
@@ -240,6 +244,7 @@ class WindowWatcher:
             self.seen = version
             if manifest is not None:
                 self._report(manifest)
+                self.latest = manifest.latest
 
     def _report(self, manifest: Manifest) -> None:
         window = manifest.last_window
@@ -261,6 +266,31 @@ class WindowWatcher:
             file=self.out,
             flush=True,
         )
+        warning = jump_warning(manifest, self.latest)
+        if warning is not None:
+            print(f"dedupsink: warning: {warning}", file=self.err or sys.stderr, flush=True)
+
+
+def jump_warning(manifest: Manifest, before: float | None) -> str | None:
+    """What to say when a window moved the latest point by more than the expiry period
+    (``tupleTime``, ``ordered``): every key remembered before it is forgotten and older rows
+    expire, which one far-future row does; None for an ordinary window."""
+    settings = manifest.settings
+    period, after = settings.get("period"), manifest.latest
+    if settings.get("mode") not in TIME_BUCKET_MODES or period is None:
+        return None
+    if before is None or after is None or after - before <= period:
+        return None
+    expiry = expiry_point_of(after, period, settings.get("expiry_type"))
+    categories = manifest.categories
+    return (
+        f"window {manifest.totals.get('windows', '?')} moved the latest point from "
+        f"{point_text(before, settings, categories)} to {point_text(after, settings, categories)}, "
+        f"more than expiryPeriod ({human_span(period, settings)}): rows at or before "
+        f"{point_text(expiry, settings, categories)} now go to expired/ and the keys remembered "
+        "until then are forgotten; if one far-ahead row did it, set maxExpiryJump to make such "
+        "rows errors"
+    )
 
 
 class Stopper:
