@@ -39,6 +39,7 @@ from dedupsink.cli.run import (
     RunOutcome,
     WindowWatcher,
     checkpoint_for,
+    command_name,
     failure_of,
     inspect_command,
     spark_master,
@@ -605,3 +606,23 @@ def test_run_warns_when_a_window_moves_the_latest_point_beyond_the_period(
             )
             assert [r.counts.expired for r in reports if r] == [0, 0, 1]  # 14:00 expired
     assert [r.counts.error for r in reports if r] == [0, 1, 0]  # 2099 beyond maxExpiryJump
+
+
+def test_the_inspect_hint_calls_the_command_as_it_was_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After make run the venv is not active: the hint says .venv/bin/dedupsink, as make did;
+    where dedupsink on PATH is this command, just dedupsink."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "dedupsink"
+    script.write_text("#!/bin/sh\n", encoding="utf-8")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(sys, "argv", [".venv/bin/dedupsink", "run", "job.conf"])
+    assert command_name() == ".venv/bin/dedupsink"
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert command_name() == "dedupsink"
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "dedupsink" / "__main__.py"), "run"])
+    assert command_name() == "dedupsink"  # python -m dedupsink

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -389,20 +390,32 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
         if released
         else "Owner lease not released (see above)."
     )
-    command, secret = inspect_command(job.options)
+    command, secret = inspect_command(job.options, command_name())
     lines.append(f"Inspect: {command}")
     if secret:
         lines.append(f"         (each ... stands for that fs.<name> value in {job.config.origin})")
     return lines
 
 
-def inspect_command(options: DedupOptions) -> tuple[str, bool]:
+def command_name() -> str:
+    """How to call this command again: ``dedupsink`` where that name finds it on PATH, else the
+    path it was started by (``.venv/bin/dedupsink`` from ``make run``, the venv not active)."""
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started) != "dedupsink":  # python -m dedupsink, or a test
+        return "dedupsink"
+    found = shutil.which("dedupsink")
+    if found is not None and os.path.realpath(found) == os.path.realpath(started):
+        return "dedupsink"
+    return shlex.quote(started)
+
+
+def inspect_command(options: DedupOptions, program: str = "dedupsink") -> tuple[str, bool]:
     """The ``dedupsink inspect`` command for the job's store, and whether it hides a secret:
     the output path, ``--store`` when the store is not the default one, and ``--fs NAME=VALUE``
     for each storage option the job used, shown where it says where the storage is (an
     endpoint, a region, an account; a password in an endpoint URL masked) and ``...`` for every
     other value, which may be a secret."""
-    words = ["dedupsink", "inspect", shlex.quote(options.path)]
+    words = [program, "inspect", shlex.quote(options.path)]
     if options.store_path != join_url(options.path, STORE_DIRNAME_DEFAULT):
         words += ["--store", shlex.quote(options.store_path)]
     hidden = False
