@@ -19,13 +19,15 @@ class DedupError(Exception):
 
 
 class DedupOptionError(DedupError, ValueError):
-    """An option has a bad value; the message names the option, the value and what is accepted."""
+    """An option has a bad value; the message names the option, the value and what is accepted.
+    A value of None is an option not given, which the message calls missing."""
 
     def __init__(self, option: str, value: object, accepted: str) -> None:
         self.option = option
         self.value = value
         self.accepted = accepted
-        super().__init__(f"option {option}={value!r} is invalid: expected {accepted}")
+        given = " is missing" if value is None else f"={value!r} is invalid"
+        super().__init__(f"option {option}{given}: expected {accepted}")
 
 
 class StoreError(DedupError):

@@ -361,9 +361,9 @@ class DedupOptions:
                 "no expiry key with expiryMode=systemTime (it uses batch time)",
             )
         if self.has_expiry and self.expiry_period is None:
-            raise DedupOptionError(
-                EXPIRY_PERIOD, None, "a period: it is required with an expiry key or expiryMode"
-            )
+            needs = f"expiryMode={self.expiry_mode}" if self.expiry_mode else ""
+            needs = needs or f"expiryKey={self.expiry_key}"
+            raise DedupOptionError(EXPIRY_PERIOD, None, period_required(needs, self.expiry_mode))
         if self.assume_same_expiry is not None:
             if not self.has_expiry:
                 raise misplaced_assume_same_expiry(self.assume_same_expiry, "Basic Dedup")
@@ -541,6 +541,24 @@ def mask_values(text: str, values: Iterable[object]) -> str:
         if len(value) >= 3:
             text = text.replace(value, MASK)
     return text
+
+
+def period_required(setting: str, mode: str | None = None) -> str:
+    """What a missing expiryPeriod is expected to be, naming the setting that requires it; the
+    kind of value the mode takes where the mode is known, else each mode's."""
+    kinds = {
+        "tupleTime": DURATION_ACCEPTED,
+        "systemTime": DURATION_ACCEPTED,
+        "ordered": "a number in the expiry key's units",
+        "categorical": "a count of categories",
+    }
+    if mode in kinds:
+        return f"a period, required with {setting}: {kinds[mode]}"
+    return (
+        f"a period, required with {setting}: a duration such as '24 hours' for tupleTime and "
+        "systemTime, a number in the expiry key's units for ordered, a count of categories "
+        "for categorical"
+    )
 
 
 def misplaced_assume_same_expiry(value: bool, where: str) -> DedupOptionError:

@@ -7,10 +7,13 @@ on stores written here through ``BucketStore``.
 
 from __future__ import annotations
 
+import io
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,13 +28,24 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+from servers import S3Server
 
 from dedupsink.cli.config import load_config, parse_config, parse_trigger
 from dedupsink.cli.ddl import parse_schema
 from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.job import prepare
 from dedupsink.cli.main import main
-from dedupsink.cli.run import checkpoint_for, failure_of, spark_master
+from dedupsink.cli.run import (
+    RunOutcome,
+    WindowWatcher,
+    checkpoint_for,
+    command_name,
+    failure_of,
+    inspect_command,
+    spark_master,
+    summary,
+)
+from dedupsink.options import DedupOptions
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
@@ -91,7 +105,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         ({"trigger": "soon"}, "trigger='soon'"),
         ({"source.schema": "serial BIGNUM, ts TIMESTAMP"}, "source.schema="),
         ({"source.format": None}, "source.format is required"),
-        ({"path": None}, "option path=None"),
+        ({"path": None}, "option path is missing"),
         ({"bucketSpan": "48 hours"}, "option bucketSpan='48 hours'"),
         ({"assumeSameExpiry": "maybe"}, "option assumeSameExpiry='maybe'"),
         (
@@ -427,6 +441,53 @@ def test_fresh_checkpoint_unless_configured(write_config: WriteConfig, tmp_path:
     assert checkpoint_for(prepare(load_config(str(chosen)))) == (str(tmp_path / "chk"), False)
 
 
+def test_the_inspect_hint_gives_the_storage_options_with_secrets_as_dots() -> None:
+    options = DedupOptions.parse(
+        {
+            "path": "s3://lake/cli",
+            "fs.endpoint_url": "http://user:pass-word@127.0.0.1:9000",
+            "fs.key": "AKIAEXAMPLE",
+            "fs.secret": "wJalrXUtnFEMI-EXAMPLEKEY",
+            "fs.anon": "false",
+            "fs.region_name": "eu-west-1",
+        }
+    )
+    assert inspect_command(options) == (
+        "dedupsink inspect s3://lake/cli --fs 'endpoint_url=http://user:***@127.0.0.1:9000' "
+        "--fs key=... --fs secret=... --fs anon=false --fs region_name=eu-west-1",
+        True,
+    )
+    # a store not under the output is named; a path with a space is quoted for the shell
+    elsewhere = DedupOptions.parse({"path": "/data/my out", "storePath": "/data/store"})
+    assert inspect_command(elsewhere) == (
+        "dedupsink inspect '/data/my out' --store /data/store",
+        False,
+    )
+
+
+def test_the_inspect_hint_of_a_run_on_s3_inspects_its_store(
+    s3: S3Server, write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary's Inspect: line, with the job's secrets put for its dots, runs."""
+    place = s3.remote("hint")
+    storage = {f"fs.{name}": value for name, value in s3.storage_options.items()}
+    config = write_config({"path": place.url, **storage})
+    owned_store(config, "q1")
+    job = prepare(load_config(str(config)))
+    lines = summary(job, RunOutcome(), released=True)
+    command = next(line for line in lines if line.startswith("Inspect: "))
+    assert command == (
+        f"Inspect: dedupsink inspect {place.url} --fs endpoint_url={s3.endpoint_url} "
+        "--fs key=... --fs secret=..."
+    )
+    assert lines[-1] == f"         (each ... stands for that fs.<name> value in {config})"
+    argv = shlex.split(command.removeprefix("Inspect: "))[1:]
+    filled = [arg.replace("key=...", "key=test-key") for arg in argv]
+    filled = [arg.replace("secret=...", "secret=test-secret") for arg in filled]
+    assert main(filled) == 0
+    assert "query q1" in capsys.readouterr().out
+
+
 def test_query_failure_is_one_line_with_the_dedup_error() -> None:
     spark_text = (
         "[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted\n"
@@ -473,3 +534,95 @@ def test_repair_rewrites_a_damaged_sink_log_entry_and_a_dry_run_only_reports_it(
     assert entry.read_text() == intact
     assert main(["repair", str(out / "_store")]) == 0
     assert "is intact" in capsys.readouterr().out
+
+
+def test_inspect_json_numbers_the_last_window_as_run_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run's batch lines, inspect's text and inspect --json call the last window by one number
+    (the store's count of windows), and the JSON gives the version that committed it."""
+    out = tmp_path / "out"
+    sink = LocalSink({"path": str(out), "keys": "id"}, pa.schema([("id", pa.int64())]))
+    sink.window(0, pa.table({"id": pa.array([1, 2], pa.int64())}))
+    assert main(["release", str(out)]) == 0  # a version that is no window
+    printed = io.StringIO()
+    watcher = WindowWatcher(BucketStore(str(out / "_store")), printed)
+    watcher.query_id = sink.query_id
+    for batch in (1, 2):
+        sink.start()  # a restart after the release
+        sink.window(batch, pa.table({"id": pa.array([batch, 10 + batch], pa.int64())}))
+    watcher.poll()
+    lines = printed.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "batch   1 (window 2)",
+        "batch   2 (window 3)",
+    ]
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    assert "windows     3 committed; the last was batch 2" in capsys.readouterr().out
+    assert main(["inspect", str(out), "--json"]) == 0
+    last = json.loads(capsys.readouterr().out)["last_window"]
+    assert (last["window"], last["version"], last["batch"]) == (3, 4, 2)
+
+
+def test_run_warns_when_a_window_moves_the_latest_point_beyond_the_period(
+    tmp_path: Path,
+) -> None:
+    """maxExpiryJump is unlimited by default: a far-future row expires what came before, which
+    run says once, in the window it happens; with maxExpiryJump the row is an error."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+
+    def rows(*pairs: tuple[int, str]) -> pa.Table:
+        stamps = [datetime.fromisoformat(text).replace(tzinfo=UTC) for _, text in pairs]
+        return pa.table([pa.array([i for i, _ in pairs], pa.int64()), pa.array(stamps)], schema)
+
+    windows = [
+        rows((1, "2014-12-31 00:00"), (2, "2014-12-31 06:00")),
+        rows((3, "2014-12-31 12:00")),  # ordinary: no warning
+        rows((4, "2014-12-31 13:00"), (5, "2099-01-01 00:00")),
+        rows((6, "2014-12-31 14:00")),
+    ]
+    for jump, warnings in ((None, 1), ("30 days", 0)):
+        out = tmp_path / f"out-{jump}"
+        options = {"path": str(out), "keys": "id", "expiryKey": "ts", "expiryPeriod": "1 day"}
+        sink = LocalSink({**options, **({"maxExpiryJump": jump} if jump else {})}, schema)
+        sink.window(0, windows[0])
+        printed, err = io.StringIO(), io.StringIO()
+        watcher = WindowWatcher(BucketStore(str(out / "_store")), printed, err)
+        watcher.query_id = sink.query_id
+        reports = []
+        for batch, table in enumerate(windows[1:], start=1):
+            reports.append(sink.window(batch, table))
+            watcher.poll()
+        assert len(printed.getvalue().splitlines()) == 3
+        assert len(err.getvalue().splitlines()) == warnings
+        if warnings:
+            assert err.getvalue() == (
+                "dedupsink: warning: window 3 moved the latest point from 2014-12-31 12:00:00 "
+                "UTC to 2099-01-01 00:00:00 UTC, more than expiryPeriod (24 hours): rows at or "
+                "before 2098-12-31 00:00:00 UTC now go to expired/ and the keys remembered until "
+                "then are forgotten; if one far-ahead row did it, set maxExpiryJump to make such "
+                "rows errors\n"
+            )
+            assert [r.counts.expired for r in reports if r] == [0, 0, 1]  # 14:00 expired
+    assert [r.counts.error for r in reports if r] == [0, 1, 0]  # 2099 beyond maxExpiryJump
+
+
+def test_the_inspect_hint_calls_the_command_as_it_was_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After make run the venv is not active: the hint says .venv/bin/dedupsink, as make did;
+    where dedupsink on PATH is this command, just dedupsink."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "dedupsink"
+    script.write_text("#!/bin/sh\n", encoding="utf-8")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(sys, "argv", [".venv/bin/dedupsink", "run", "job.conf"])
+    assert command_name() == ".venv/bin/dedupsink"
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert command_name() == "dedupsink"
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "dedupsink" / "__main__.py"), "run"])
+    assert command_name() == "dedupsink"  # python -m dedupsink

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import pyarrow as pa
 import pytest
 import s3fs
@@ -213,6 +214,35 @@ def test_an_unknown_storage_option_gets_a_did_you_mean(
     assert error_line(["inspect", "s3://b/o", "--fs", "colour=blue"], capsys) == (
         "dedupsink: error: option fs.colour='***' is invalid: expected a storage option "
         "S3FileSystem takes: e.g. fs.endpoint_url, fs.key, fs.secret"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "given", "meant"),
+    [
+        ("abfs://box/cli", "acount_name=devstore", "account_name"),
+        ("az://box/cli", f"acount_key={SECRET}", "account_key"),
+        ("gs://dedup-tests/cli", "endpont_url=http://127.0.0.1:1", "endpoint_url"),
+        ("gs://dedup-tests/cli", "tokn=anon", "token"),
+    ],
+)
+def test_an_unknown_storage_option_on_azure_or_gcs_gets_a_did_you_mean(
+    path: str, given: str, meant: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before the filesystem is built: no request is made, no server needed."""
+    name, _, value = given.partition("=")
+    shown = value if name in ("acount_name", "endpont_url") else "***"
+    fs_class = fsspec.get_filesystem_class(path.partition("://")[0]).__name__
+    accepted = f"expected a storage option {fs_class} takes: did you mean fs.{meant}?"
+    assert error_line(["inspect", path, "--fs", given], capsys) == (
+        f"dedupsink: error: option fs.{name}={shown!r} is invalid: {accepted}"
+    )
+    config = job(tmp_path, {name: value}, path=path)
+    assert error_line(["validate", config], capsys) == (
+        f"dedupsink: error: {config}:6: option fs.{name}={shown!r} is invalid: {accepted}"
+    )
+    assert refused_by_sink(path, {name: value}) == (
+        f"option fs.{name}={shown!r} is invalid: {accepted}"
     )
 
 

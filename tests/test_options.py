@@ -164,6 +164,64 @@ def test_expiry_key_without_period_is_refused() -> None:
     assert_names(error, "expiryPeriod", None, "required")
 
 
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"expiryKey": "ts"},
+            "option expiryPeriod is missing: expected a period, required with expiryKey=ts: a "
+            "duration such as '24 hours' for tupleTime and systemTime, a number in the expiry "
+            "key's units for ordered, a count of categories for categorical",
+        ),
+        (
+            {"expiryMode": "systemTime"},
+            "option expiryPeriod is missing: expected a period, required with "
+            "expiryMode=systemTime: a duration such as '24 hours', '90 minutes', '30 s' or "
+            "'500 ms'",
+        ),
+        (
+            {"expiryKey": "seq", "expiryMode": "ordered"},
+            "option expiryPeriod is missing: expected a period, required with "
+            "expiryMode=ordered: a number in the expiry key's units",
+        ),
+        (
+            {"keys": "id"},  # no path
+            "option path is missing: expected the output directory URL, e.g. /data/out or "
+            "hdfs://nn:8020/out",
+        ),
+    ],
+)
+def test_a_missing_option_is_said_to_be_missing(raw: dict[str, str], message: str) -> None:
+    assert str(option_error({"path": "/o", **raw} if "keys" not in raw else raw)) == message
+
+
+def test_a_period_refused_by_an_inferred_mode_says_the_mode_was_inferred() -> None:
+    """A time held as text (ts STRING) infers categorical: the refusal of a duration says so
+    and names the mode that reads the text as times."""
+    schema = pa.schema([("id", pa.string()), ("ts", pa.string())])
+    raw = {"path": "/o", "keys": "id", "expiryKey": "ts", "expiryPeriod": "1 hour"}
+    assert str(option_error(raw, schema)) == (
+        "option expiryPeriod='1 hour' is invalid: expected a count of categories with "
+        "expiryMode=categorical, the mode inferred from column 'ts' of type string: for times "
+        "written as text, set expiryMode=tupleTime (it reads ISO-8601 text)"
+    )
+    assert settings_of({**raw, "expiryMode": "tupleTime"}, schema).period == 3_600_000_000
+    # given, not inferred, the mode is not said to be inferred
+    assert str(option_error({**raw, "expiryMode": "categorical"}, schema)) == (
+        "option expiryPeriod='1 hour' is invalid: expected a count of categories with "
+        "expiryMode=categorical"
+    )
+    # a number inferred to be ordered, a timestamp inferred to be tupleTime
+    assert str(option_error({**raw, "expiryKey": "seq"})) == (
+        "option expiryPeriod='1 hour' is invalid: expected a plain number in the expiry key's "
+        "units with expiryMode=ordered, the mode inferred from column 'seq' of type int64"
+    )
+    assert str(option_error({**raw, "expiryPeriod": "24"})) == (
+        "option expiryPeriod='24' is invalid: expected a duration such as '24 hours' with "
+        "expiryMode=tupleTime, the mode inferred from column 'ts' of type timestamp[us]"
+    )
+
+
 def test_period_without_expiry_is_refused() -> None:
     error = option_error({"path": "/o", "expiryPeriod": "1 day"})
     assert_names(error, "expiryPeriod", "1 day", "expiryKey")
@@ -299,7 +357,7 @@ def test_a_binary_expiry_column_is_refused_as_categories(kind: pa.DataType) -> N
     [
         ("ts", "86400", "a duration"),
         ("seq", "24 hours", "a plain number"),
-        ("category", "1 day", "a plain number"),
+        ("category", "1 day", "a count of categories"),
         ("category", "2.5", "whole number of categories"),
     ],
 )

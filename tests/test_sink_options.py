@@ -73,7 +73,7 @@ def stream_input(workdir: Path) -> Path:
 @pytest.mark.parametrize(
     ("options", "named"),
     [
-        ({"keys": "id"}, "option path=None"),
+        ({"keys": "id"}, "option path is missing"),
         ({"keys": "id,nope"}, "option keys='id,nope'"),
         ({"keys": "id", "expiryKey": "nope", "expiryPeriod": "10"}, "option expiryKey='nope'"),
         (
@@ -86,7 +86,7 @@ def stream_input(workdir: Path) -> Path:
             {"keys": "id", "expiryKey": "seq", "expiryMode": "tupleTime", "expiryPeriod": "1 h"},
             "option expiryMode='tupleTime'",
         ),
-        ({"keys": "id", "expiryKey": "seq"}, "option expiryPeriod=None"),
+        ({"keys": "id", "expiryKey": "seq"}, "option expiryPeriod is missing"),
         (
             {"keys": "id", "expiryKey": "seq", "expiryPeriod": "10", "bucketSpan": "20"},
             "option bucketSpan='20'",
@@ -126,11 +126,15 @@ def test_bad_option_fails_the_query_before_any_output_and_names_the_option(
     spark: Any, workdir: Path, stream_input: Path, options: dict[str, str], named: str
 ) -> None:
     output = workdir / "out"
-    if named != "option path=None":
+    if named != "option path is missing":
         options = {"path": str(output), **options}
     message = failure_of(spark, workdir, options, "chk")
     assert named in message
-    assert "invalid: expected" in message or "did you mean" in message
+    assert (
+        "invalid: expected" in message
+        or "missing: expected" in message
+        or "did you mean" in message
+    )
     assert output_listing(output) == {}
 
 

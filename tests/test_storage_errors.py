@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
@@ -49,6 +50,58 @@ def test_a_store_path_on_such_a_filesystem_names_store_path(tmp_path: Path) -> N
     error = refused({"path": str(tmp_path / "out"), "storePath": "ftp://127.0.0.1:1/store"})
     assert error.option == "storePath"
     assert not (tmp_path / "out").exists()
+
+
+# A misspelt fs.<name> on any family: refused before the filesystem is built (no request made),
+# with the closest name the filesystem's class takes.
+MISSPELT = [
+    ("s3://bucket/out", "endpont_url", "http://127.0.0.1:9000", "endpoint_url"),
+    ("abfs://box/out", "acount_name", "devstore", "account_name"),
+    ("az://box/out", "conection_string", SECRET, "connection_string"),
+    ("gs://bucket/out", "endpont_url", "http://127.0.0.1:4443", "endpoint_url"),
+    ("gs://bucket/out", "projet", "p", "project"),
+    ("memory://out", "skip_instance_cach", "true", "skip_instance_cache"),
+    ("hdfs://nn:8020/out", "hots", "nn", "host"),
+]
+
+
+@pytest.mark.parametrize(("url", "name", "value", "meant"), MISSPELT)
+def test_a_misspelt_storage_option_gets_a_did_you_mean_on_every_family(
+    url: str, name: str, value: str, meant: str
+) -> None:
+    error = refused({"path": url, f"fs.{name}": value})
+    # where the storage is (an endpoint, an account) is shown, every other value masked
+    shown = value if name in ("endpont_url", "acount_name") else "***"
+    fs_class = fsspec.get_filesystem_class(url.partition("://")[0]).__name__
+    assert str(error) == (
+        f"option fs.{name}={shown!r} is invalid: expected a storage option {fs_class} takes: "
+        f"did you mean fs.{meant}?"
+    )
+
+
+def test_a_misspelt_storage_option_on_the_local_disk_gets_a_did_you_mean(tmp_path: Path) -> None:
+    error = refused({"path": str(tmp_path / "out"), "fs.auto_mkdri": "true"})
+    assert str(error) == (
+        "option fs.auto_mkdri='***' is invalid: expected a storage option LocalFileSystem "
+        "takes: did you mean fs.auto_mkdir?"
+    )
+    error = refused({"path": str(tmp_path / "out"), "fs.colour": "blue"})
+    assert str(error).endswith("LocalFileSystem takes: e.g. fs.auto_mkdir")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_options_each_family_takes_are_not_refused(tmp_path: Path) -> None:
+    from dedupsink.store.storage import Storage
+
+    for url, options in [
+        ("s3://bucket/out", {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s"}),
+        ("abfs://box/out", {"account_name": "devstore", "anon": True}),
+        ("gs://bucket/out", {"endpoint_url": "http://127.0.0.1:1", "token": "anon"}),
+        (str(tmp_path), {"auto_mkdir": True, "skip_instance_cache": True}),
+        # hdfs-native takes Hadoop settings (names with dots) as strings, connecting lazily
+        ("hdfs://nn:8020/out", {"dfs.client.use.datanode.hostname": True}),
+    ]:
+        assert Storage.for_url(url, options).url == url
 
 
 def test_an_endpoint_where_nothing_listens_is_refused_with_the_secret_masked(

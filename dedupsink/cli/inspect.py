@@ -124,7 +124,7 @@ def _store_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
         "committed": utc_text(manifest.committed_ms // 1000 * 1_000_000),
         "settings": settings,
         "windows": int(manifest.totals.get("windows", 0)),
-        "last_window": None if manifest.last_window is None else manifest.last_window.to_wire(),
+        "last_window": _last_window_part(manifest),
         "latest": {"value": latest, "text": point_text(latest, settings, categories)},
         "expiry_point": {"value": expiry, "text": point_text(expiry, settings, categories)},
         "categories": categories,
@@ -142,6 +142,21 @@ def _store_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
         "publication_pending": manifest.publication is not None
         and ports is not None
         and not ports.is_published(manifest.publication, manifest.store_id),
+    }
+
+
+def _last_window_part(manifest: Manifest) -> dict[str, Any] | None:
+    """The last window's record, numbered as ``run``'s batch lines and the sink's log number
+    windows (the store's count of committed windows, ``windows``), with the version that
+    committed it: the record itself holds the version, a larger number (the store's creation
+    and each release take a version too)."""
+    last = manifest.last_window
+    if last is None:
+        return None
+    return {
+        "window": int(manifest.totals.get("windows", 0)),
+        "version": last.window,
+        **{name: value for name, value in last.to_wire().items() if name != "window"},
     }
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -36,9 +38,17 @@ from dedupsink.cli.config import CHECKPOINT, SOURCE_PATH
 from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
 from dedupsink.engine.classify import PORTS
-from dedupsink.engine.settings import expiry_point_of
+from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
 from dedupsink.errors import DedupError, StoreError
-from dedupsink.options import join_url
+from dedupsink.options import (
+    STORE_DIRNAME_DEFAULT,
+    DedupOptions,
+    bool_text,
+    human_span,
+    join_url,
+    mask_values,
+    storage_secrets,
+)
 from dedupsink.ports.formats import port_format
 from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.sink.worker import COMMIT_LOG_ENV
@@ -55,6 +65,7 @@ MASTER_DEFAULT = "local[2]"
 MASTER_ENV = "SPARK_MASTER"
 POLL_SECONDS = 0.5
 CHECKPOINTS_DIR = "_checkpoints"
+SECRET_PLACEHOLDER = "..."  # a storage option's value in the Inspect: hint that may be a secret
 SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
 _OPTION_ERRORS = ("DedupOptionError", "StoreSettingsError", "UnsupportedKeyType")
 _DEDUP_ERROR_LINE = re.compile(r"(?m)^\s*dedupsink\.[\w.]+?\.(\w+): (.+)$")
@@ -216,11 +227,14 @@ def _first_line(text: str) -> str:
 class WindowWatcher:
     """Reads the manifests committed since the last look and prints this query's windows."""
 
-    def __init__(self, store: BucketStore, out: TextIO) -> None:
+    def __init__(self, store: BucketStore, out: TextIO, err: TextIO | None = None) -> None:
         self.store = store
         self.out = out
+        self.err = err
         versions = store.versions()
         self.seen = versions[-1] if versions else -1
+        start = store.read(self.seen) if versions else None
+        self.latest = None if start is None else start.latest  # the latest point seen last
         self.query_id = ""
         self.batch = False  # a batch job: its write's id is learnt from the window it commits
         self.windows: list[WindowRecord] = []
@@ -231,6 +245,7 @@ class WindowWatcher:
             self.seen = version
             if manifest is not None:
                 self._report(manifest)
+                self.latest = manifest.latest
 
     def _report(self, manifest: Manifest) -> None:
         window = manifest.last_window
@@ -252,6 +267,31 @@ class WindowWatcher:
             file=self.out,
             flush=True,
         )
+        warning = jump_warning(manifest, self.latest)
+        if warning is not None:
+            print(f"dedupsink: warning: {warning}", file=self.err or sys.stderr, flush=True)
+
+
+def jump_warning(manifest: Manifest, before: float | None) -> str | None:
+    """What to say when a window moved the latest point by more than the expiry period
+    (``tupleTime``, ``ordered``): every key remembered before it is forgotten and older rows
+    expire, which one far-future row does; None for an ordinary window."""
+    settings = manifest.settings
+    period, after = settings.get("period"), manifest.latest
+    if settings.get("mode") not in TIME_BUCKET_MODES or period is None:
+        return None
+    if before is None or after is None or after - before <= period:
+        return None
+    expiry = expiry_point_of(after, period, settings.get("expiry_type"))
+    categories = manifest.categories
+    return (
+        f"window {manifest.totals.get('windows', '?')} moved the latest point from "
+        f"{point_text(before, settings, categories)} to {point_text(after, settings, categories)}, "
+        f"more than expiryPeriod ({human_span(period, settings)}): rows at or before "
+        f"{point_text(expiry, settings, categories)} now go to expired/ and the keys remembered "
+        "until then are forgotten; if one far-ahead row did it, set maxExpiryJump to make such "
+        "rows errors"
+    )
 
 
 class Stopper:
@@ -350,8 +390,44 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
         if released
         else "Owner lease not released (see above)."
     )
-    lines.append(f"Inspect: dedupsink inspect {job.options.path}")
+    command, secret = inspect_command(job.options, command_name())
+    lines.append(f"Inspect: {command}")
+    if secret:
+        lines.append(f"         (each ... stands for that fs.<name> value in {job.config.origin})")
     return lines
+
+
+def command_name() -> str:
+    """How to call this command again: ``dedupsink`` where that name finds it on PATH, else the
+    path it was started by (``.venv/bin/dedupsink`` from ``make run``, the venv not active)."""
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started) != "dedupsink":  # python -m dedupsink, or a test
+        return "dedupsink"
+    found = shutil.which("dedupsink")
+    if found is not None and os.path.realpath(found) == os.path.realpath(started):
+        return "dedupsink"
+    return shlex.quote(started)
+
+
+def inspect_command(options: DedupOptions, program: str = "dedupsink") -> tuple[str, bool]:
+    """The ``dedupsink inspect`` command for the job's store, and whether it hides a secret:
+    the output path, ``--store`` when the store is not the default one, and ``--fs NAME=VALUE``
+    for each storage option the job used, shown where it says where the storage is (an
+    endpoint, a region, an account; a password in an endpoint URL masked) and ``...`` for every
+    other value, which may be a secret."""
+    words = [program, "inspect", shlex.quote(options.path)]
+    if options.store_path != join_url(options.path, STORE_DIRNAME_DEFAULT):
+        words += ["--store", shlex.quote(options.store_path)]
+    hidden = False
+    for name, value in options.storage_options.items():
+        text = bool_text(value) if isinstance(value, bool) else str(value)  # true/false: shown
+        secrets = [str(secret) for secret in storage_secrets({name: value})]
+        if text in secrets:
+            text, hidden = SECRET_PLACEHOLDER, True
+        else:
+            text = mask_values(text, secrets)  # a password in an endpoint URL
+        words += ["--fs", shlex.quote(f"{name}={text}")]
+    return " ".join(words), hidden
 
 
 def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:

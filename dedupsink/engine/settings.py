@@ -35,6 +35,7 @@ from dedupsink.options import (
     Span,
     bool_text,
     misplaced_assume_same_expiry,
+    period_required,
 )
 
 Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical"]
@@ -222,21 +223,30 @@ def _resolve_keys(
     return names, tuple(types)
 
 
-def _in_domain(option: str, span: Span, mode: Mode) -> float:
+def _in_domain(option: str, span: Span, mode: Mode, inferred_from: str | None = None) -> float:
+    """A period, span or jump in the expiry key's domain. ``inferred_from`` (the expiry
+    column and its type) says the mode was not given but inferred, which a refusal says."""
+    setting = f"expiryMode={mode}"
+    if inferred_from is not None:
+        setting += f", the mode inferred from {inferred_from}"
     if mode in DURATION_MODES:
         if not span.is_duration:
             raise DedupOptionError(
-                option, span.text, f"a duration such as '24 hours' with expiryMode={mode}"
+                option, span.text, f"a duration such as '24 hours' with {setting}"
             )
         return span.micros
     if span.is_duration:
-        raise DedupOptionError(
-            option, span.text, f"a plain number in the expiry key's units with expiryMode={mode}"
-        )
+        if mode == "categorical":
+            accepted = f"a count of categories with {setting}"
+            if inferred_from is not None:
+                accepted += (
+                    ": for times written as text, set expiryMode=tupleTime (it reads ISO-8601 text)"
+                )
+        else:
+            accepted = f"a plain number in the expiry key's units with {setting}"
+        raise DedupOptionError(option, span.text, accepted)
     if mode == "categorical" and span.amount != int(span.amount):
-        raise DedupOptionError(
-            option, span.text, "a whole number of categories with expiryMode=categorical"
-        )
+        raise DedupOptionError(option, span.text, f"a whole number of categories with {setting}")
     return int(span.amount) if span.amount == int(span.amount) else span.amount
 
 
@@ -258,10 +268,13 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
             output_format=options.output_format,
         )
     if options.expiry_period is None:
-        raise DedupOptionError(EXPIRY_PERIOD, None, f"a period: expiryMode={mode} needs one")
-    period = _in_domain(EXPIRY_PERIOD, options.expiry_period, mode)
+        raise DedupOptionError(EXPIRY_PERIOD, None, period_required(f"expiryMode={mode}", mode))
+    inferred_from = None
+    if options.expiry_mode is None and options.expiry_key is not None:
+        inferred_from = f"column {options.expiry_key!r} of type {expiry_type}"
+    period = _in_domain(EXPIRY_PERIOD, options.expiry_period, mode, inferred_from)
     jump = (
-        _in_domain(MAX_EXPIRY_JUMP, options.max_expiry_jump, mode)
+        _in_domain(MAX_EXPIRY_JUMP, options.max_expiry_jump, mode, inferred_from)
         if options.max_expiry_jump
         else None
     )

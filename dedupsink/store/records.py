@@ -236,6 +236,9 @@ class WindowRecord:
     """What a version's window was: who committed it and what it did (for ``inspect`` and the
     ``dedupsink run`` progress lines)."""
 
+    # The version that committed the window (what the history and ``lookup`` call a window);
+    # the window's number in ``run``'s lines, the sink's log and ``inspect`` is the store's
+    # count of windows, ``Manifest.totals["windows"]``, of that version.
     window: int
     query: str
     batch: int

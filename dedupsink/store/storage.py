@@ -181,9 +181,28 @@ class Storage(ABC):
 
     @classmethod
     def option_names(cls, fs_class: type) -> frozenset[str] | None:
-        """The storage options the filesystem takes; None where it takes any name (and a
-        misspelt one is silently ignored)."""
-        return None
+        """The storage options the filesystem takes: the named parameters of the ``__init__``
+        of its class and of the classes it builds on, of fsspec's listings cache, and the names
+        fsspec itself reads (``skip_instance_cache``); None where it takes any name. Every
+        filesystem of fsspec ignores a name it does not know, so a misspelt one is refused
+        here rather than silently ignored."""
+        from fsspec.dircache import DirCache
+
+        names = {"skip_instance_cache", *getattr(fs_class, "_strip_tokenize_options", ())}
+        for owner in (*fs_class.__mro__, *DirCache.__mro__):
+            init = owner.__dict__.get("__init__")
+            if init is not None and owner is not object:
+                names.update(_named_parameters(init))
+        return frozenset(names | set(cls.more_option_names))
+
+    # Names a filesystem reads from its **kwargs, not from its signature.
+    more_option_names: ClassVar[tuple[str, ...]] = ()
+    # What an unknown name with no close match is shown as examples of.
+    example_options: ClassVar[tuple[str, ...]] = ("auto_mkdir",)
+
+    @classmethod
+    def takes_option(cls, name: str, known: frozenset[str]) -> bool:
+        return name in known
 
     @classmethod
     def check_option_names(cls, fs_class: type, options: dict[str, Any]) -> None:
@@ -191,16 +210,13 @@ class Storage(ABC):
         known = cls.option_names(fs_class)
         if known is None:
             return
-        for name in sorted(set(options) - known):
+        for name in sorted(n for n in options if not cls.takes_option(n, known)):
             close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
             shown = MASK if storage_secrets({name: options[name]}) else options[name]
             hint = (
                 f"did you mean {STORAGE_OPTION_PREFIX}{close[0]}?"
                 if close
-                else "e.g. "
-                + ", ".join(
-                    f"{STORAGE_OPTION_PREFIX}{n}" for n in ("endpoint_url", "key", "secret")
-                )
+                else "e.g. " + ", ".join(STORAGE_OPTION_PREFIX + n for n in cls.example_options)
             )
             raise DedupOptionError(
                 STORAGE_OPTION_PREFIX + name,
@@ -459,6 +475,7 @@ class MemoryStorage(Storage):
 
     family = "memory"
     remote = False
+    example_options = ("skip_instance_cache",)
 
     @classmethod
     def handles(cls, fs_class: type) -> bool:
@@ -486,6 +503,23 @@ class HdfsStorage(Storage):
     family = "hdfs"
     rm_reads_patterns = False
     protocols = ("hdfs", "viewfs")
+    example_options = ("host", "port", "dfs.client.use.datanode.hostname")
+
+    @classmethod
+    def takes_option(cls, name: str, known: frozenset[str]) -> bool:
+        # hdfs-native hands every other option to the client as a Hadoop setting, whose names
+        # all have dots (dfs.ha.namenodes.ns); a name without one is a misspelling.
+        return name in known or "." in name
+
+    @classmethod
+    def fs_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        # hdfs-native lists without fsspec's listings cache and passes every option to the
+        # client as a Hadoop setting, a string: use_listings_cache=False there, or any boolean,
+        # fails the filesystem's construction ("'bool' object is not an instance of 'str'").
+        return {
+            name: ("true" if value else "false") if isinstance(value, bool) else value
+            for name, value in options.items()
+        }
 
     def create(self, path: str, data: bytes) -> None:
         aside = join(parent(path), f".{basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
@@ -591,6 +625,7 @@ class S3Storage(ObjectStorage):
 
     family = "s3"
     protocols = ("s3", "s3a")
+    example_options = ("endpoint_url", "key", "secret")
 
     def client_errors(self) -> tuple[type[BaseException], ...]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -752,6 +787,8 @@ class GcsStorage(ObjectStorage):
 
     family = "gcs"
     protocols = ("gs", "gcs")
+    more_option_names = ("memmove_max_workers",)
+    example_options = ("project", "token", "endpoint_url")
 
     def client_errors(self) -> tuple[type[BaseException], ...]:
         from aiohttp import ClientError
@@ -765,6 +802,7 @@ class AzureStorage(ObjectStorage):
 
     family = "azure"
     protocols = ("abfs", "az", "abfss")
+    example_options = ("account_name", "account_key", "connection_string")
 
     def client_errors(self) -> tuple[type[BaseException], ...]:
         from azure.core.exceptions import AzureError
