@@ -380,7 +380,7 @@ def render(result: LookupResult) -> str:
     if not result.remembered:
         lines.append(f"remembered  no: {result.reason}")
         return "\n".join(lines)
-    since = f"window {result.window}"
+    since = f"version {result.window}"
     if result.window_is_upper_bound:
         since += " or earlier (its file holds keys a compaction folded from older windows)"
     if result.batch_id is not None and result.committed_at is not None:
