@@ -450,6 +450,19 @@ def test_query_failure_is_one_line_with_the_dedup_error() -> None:
         "SyntaxError: unterminated string literal (in the streaming query: "
         "[STREAM_FAILED] Writing job failed.)"
     )
+    # The sink hands its own errors to Spark as one line, after Spark's words.
+    handed = failure_of(
+        RuntimeError(
+            "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+            "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: "
+            "dedupsink.errors.DedupOptionError: option keys='nope' is invalid: expected columns"
+            "\n SQLSTATE: 38000 SQLSTATE: XXKST\n=== Streaming Query ===\n"
+        )
+    )
+    assert (str(handed), handed.exit_code) == (
+        "DedupOptionError: option keys='nope' is invalid: expected columns",
+        2,
+    )
     other = failure_of(RuntimeError("\n[STREAM_FAILED] something else\nmore"))
     assert (str(other), other.exit_code) == ("[STREAM_FAILED] something else", 1)
 

@@ -57,7 +57,9 @@ POLL_SECONDS = 0.5
 CHECKPOINTS_DIR = "_checkpoints"
 SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
 _OPTION_ERRORS = ("DedupOptionError", "StoreSettingsError", "UnsupportedKeyType")
-_DEDUP_ERROR_LINE = re.compile(r"(?m)^\s*dedupsink\.[\w.]+?\.(\w+): (.+)$")
+# A dedupsink error at a line's start (in a traceback), or after Spark's words when the sink
+# handed it over as its one line ("... Python data source writer: dedupsink.errors.X: ...").
+_DEDUP_ERROR_LINE = re.compile(r"(?m)(?:^\s*|: )dedupsink\.[\w.]+?\.(\w+): (.+)$")
 _PYTHON_ERROR_LINE = re.compile(r"(?m)^\s*((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
 _JVM_PACKAGES = ("org.", "java.", "javax.", "scala.", "py4j.", "com.")
 _LOG4J = """\
