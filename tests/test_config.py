@@ -12,6 +12,7 @@ import json
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,12 +34,11 @@ from servers import S3Server
 from dedupsink.cli.config import load_config, parse_config, parse_trigger
 from dedupsink.cli.ddl import parse_schema
 from dedupsink.cli.errors import ConfigError
-from dedupsink.cli.job import prepare
+from dedupsink.cli.job import checkpoint_for, prepare, spark_has_filesystem
 from dedupsink.cli.main import main
 from dedupsink.cli.run import (
     RunOutcome,
     WindowWatcher,
-    checkpoint_for,
     command_name,
     failure_of,
     inspect_command,
@@ -105,6 +105,8 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         ({"trigger": "soon"}, "trigger='soon'"),
         ({"source.schema": "serial BIGNUM, ts TIMESTAMP"}, "source.schema="),
         ({"source.format": None}, "source.format is required"),
+        ({"source.format": "jsonl"}, "source.format='jsonl' is invalid"),
+        ({"checkpointLocation": "/dev/null/chk"}, "/dev/null is not a folder"),
         ({"path": None}, "option path is missing"),
         ({"bucketSpan": "48 hours"}, "option bucketSpan='48 hours'"),
         ({"assumeSameExpiry": "maybe"}, "option assumeSameExpiry='maybe'"),
@@ -488,6 +490,109 @@ def test_the_inspect_hint_of_a_run_on_s3_inspects_its_store(
     assert "query q1" in capsys.readouterr().out
 
 
+def test_a_fresh_checkpoint_is_local_where_spark_has_no_filesystem_for_the_output(
+    write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fsspec writes the store and the ports at memory:// or s3://, but Spark writes its
+    checkpoint through Hadoop, which has no filesystem for them in a pip-installed Spark."""
+    job = prepare(load_config(str(write_config({"path": "memory://dedupsink-cli/out"}))))
+    location, fresh = checkpoint_for(job)
+    local = Path(tempfile.gettempdir()) / "dedupsink-checkpoints"
+    assert fresh and location.startswith(f"{local}/run-")
+    assert all(map(spark_has_filesystem, ["/out", "file:///out", "hdfs://nn:8020/out"]))
+    assert not any(map(spark_has_filesystem, ["s3://b/out", "s3a://b/out", "gs://b/out"]))
+    assert main(["validate", str(write_config({"path": "memory://dedupsink-cli/out"}))]) == 0
+    assert f"  checkpoint  fresh for each run, under {local}\n" in capsys.readouterr().out
+    # A checkpoint configured there is Spark's to reach: validate says what it needs.
+    remote = write_config({"checkpointLocation": "s3a://lake/chk"})
+    assert main(["validate", str(remote)]) == 0
+    assert (
+        "  note        checkpointLocation s3a://lake/chk needs a Hadoop filesystem for s3a:// on "
+        'Spark\'s classpath (Spark otherwise fails with: No FileSystem for scheme "s3a")'
+    ) in capsys.readouterr().out.splitlines()
+
+
+# -- what Spark would refuse, refused before it starts ----------------------------------------
+
+
+SOURCE_FORMATS_ACCEPTED = (
+    "expected a source Spark has: parquet, json, csv, orc, xml, avro, text (files), kafka, "
+    "rate, rate-micro-batch, or a data source's class name such as com.example.MySource"
+)
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_an_unknown_source_format_is_refused_naming_what_spark_has(
+    command: str, write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config({"source.format": "jsonl"})
+    assert main([command, str(path)]) == 2
+    assert one_error_line(capsys) == (
+        f"dedupsink: error: {path}:2: source.format='jsonl' is invalid: "
+        f"{SOURCE_FORMATS_ACCEPTED} (did you mean json?)"
+    )
+    assert main([command, str(path), "--set", "source.format=socket"]) == 2
+    assert one_error_line(capsys) == (
+        "dedupsink: error: --set source.format: source.format='socket' is invalid: "
+        f"{SOURCE_FORMATS_ACCEPTED}"
+    )
+
+
+def test_a_source_format_is_a_short_name_in_any_case_or_a_class_name(
+    write_config: WriteConfig,
+) -> None:
+    assert prepare(load_config(str(write_config({"source.format": "JSON"})))).source_format == (
+        "json"
+    )
+    named = write_config({"source.format": "com.example.MySource"})
+    assert prepare(load_config(str(named))).source_format == "com.example.MySource"
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_is_refused_naming_it(
+    write_config: WriteConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    path = write_config({"checkpointLocation": str(afile / "chk")})
+    assert main(["validate", str(path)]) == 2
+    assert one_error_line(capsys) == (
+        f"dedupsink: error: {path}:11: checkpointLocation={afile}/chk is invalid: expected a "
+        f"folder Spark can write its checkpoint in: {afile} is not a folder"
+    )
+    # The fresh checkpoint's default follows the output: the line says what to set.
+    path = write_config({"path": str(afile / "out")})
+    assert main(["validate", str(path)]) == 2
+    assert one_error_line(capsys) == (
+        f"dedupsink: error: {path}:10: the fresh checkpoint under {afile}/out/_checkpoints "
+        f"cannot be written: {afile} is not a folder; set checkpointLocation to a folder Spark "
+        "can write"
+    )
+    # A batch job has no checkpoint to write.
+    assert main(["validate", str(path), "--set", "trigger=batch"]) == 0
+    capsys.readouterr()
+
+
+def _refuses_new_files(folder: str) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return False
+    except OSError:
+        return Path(folder).is_dir()
+
+
+@pytest.mark.skipif(not _refuses_new_files("/sys"), reason="needs a folder refusing new files")
+def test_a_checkpoint_folder_without_permission_is_refused_naming_it(
+    write_config: WriteConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config({"checkpointLocation": "/sys/dedupsink-checkpoint"})
+    assert main(["run", str(path)]) == 2
+    assert one_error_line(capsys) == (
+        f"dedupsink: error: {path}:11: checkpointLocation=/sys/dedupsink-checkpoint is invalid: "
+        "expected a folder Spark can write its checkpoint in: /sys is not writable "
+        "(Permission denied)"
+    )
+
+
 def test_query_failure_is_one_line_with_the_dedup_error() -> None:
     spark_text = (
         "[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted\n"
@@ -510,6 +615,19 @@ def test_query_failure_is_one_line_with_the_dedup_error() -> None:
     assert str(python) == (
         "SyntaxError: unterminated string literal (in the streaming query: "
         "[STREAM_FAILED] Writing job failed.)"
+    )
+    # The sink hands its own errors to Spark as one line, after Spark's words.
+    handed = failure_of(
+        RuntimeError(
+            "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+            "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: "
+            "dedupsink.errors.DedupOptionError: option keys='nope' is invalid: expected columns"
+            "\n SQLSTATE: 38000 SQLSTATE: XXKST\n=== Streaming Query ===\n"
+        )
+    )
+    assert (str(handed), handed.exit_code) == (
+        "DedupOptionError: option keys='nope' is invalid: expected columns",
+        2,
     )
     other = failure_of(RuntimeError("\n[STREAM_FAILED] something else\nmore"))
     assert (str(other), other.exit_code) == ("[STREAM_FAILED] something else", 1)

@@ -6,7 +6,8 @@ answers, a missing bucket, access denied, a misspelt ``fs.<name>``) is driven th
 the option named, the endpoint shown, the secret masked, no traceback. The tests without
 credentials clear the AWS environment (and the EC2 metadata lookup), so no request leaves
 127.0.0.1. One Spark test checks that ``run`` says Spark's own cause, not py4j's
-"An error occurred while calling oNN.load.".
+"An error occurred while calling oNN.load."; another that a run to S3 without a
+``checkpointLocation`` keeps its fresh checkpoint on the local disk, where Spark can write it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -329,3 +331,44 @@ def test_run_says_spark_s_cause(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr and "An error occurred while calling" not in (
         result.stderr
     )
+
+
+# -- a checkpoint Spark can write ----------------------------------------------------------------
+
+
+def test_validate_puts_the_fresh_checkpoint_of_an_s3_output_on_the_local_disk(
+    s3: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Spark writes its checkpoint through Hadoop, which has no filesystem for s3:// (nor, in a
+    pip-installed Spark, for s3a://): under the output, the run would fail with 'No FileSystem
+    for scheme "s3"'."""
+    config = job(tmp_path, {**s3.storage_options, "secret": SECRET})
+    assert main(["validate", config]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    local = Path(tempfile.gettempdir()) / "dedupsink-checkpoints"
+    assert f"  checkpoint  fresh for each run, under {local}" in lines
+    assert "  output      s3://dedup-tests/cli" in lines
+
+
+@pytest.mark.spark
+def test_a_run_to_s3_without_a_checkpoint_location_runs(s3: S3Server, tmp_path: Path) -> None:
+    output = s3.remote("cli")
+    storage = {**s3.storage_options, "secret": SECRET}
+    config = Path(job(tmp_path, storage, path=output.url))
+    config.write_text(
+        config.read_text()
+        + "spark.ui.enabled = false\n"
+        + "spark.driver.extraJavaOptions = -XX:TieredStopAtLevel=1 -XX:+UseSerialGC\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "dedupsink", "run", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Run finished:" in result.stdout and SECRET not in result.stdout + result.stderr
+    written = {name.rsplit("/", 1)[-1] for name in output.fs().ls(output.url, detail=False)}
+    assert "unique" in written and "_checkpoints" not in written

@@ -1,20 +1,24 @@
 """Bad sink options stop the query before any output, naming the option (SEMANTICS.md).
 
 Each case starts a real query; the error must surface from the query (at start or on
-``awaitTermination``), name the option and the value, and leave the output path exactly as it
-was: no port, no store, no staged file.
+``awaitTermination``), name the option and the value on the first line of the exception's
+text (after Spark's own words, with no Python traceback), and leave the output path exactly as
+it was: no port, no store, no staged file.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.errors import StreamingQueryException
+from pyspark.errors import AnalysisException, StreamingQueryException
 from streams import (
     assert_matches_reference,
     check_ports,
@@ -25,6 +29,9 @@ from streams import (
     windows_of,
     write_batches,
 )
+
+from dedupsink.errors import DedupError
+from dedupsink.sink import datasource
 
 pytestmark = pytest.mark.spark
 
@@ -129,13 +136,68 @@ def test_bad_option_fails_the_query_before_any_output_and_names_the_option(
     if named != "option path is missing":
         options = {"path": str(output), **options}
     message = failure_of(spark, workdir, options, "chk")
-    assert named in message
-    assert (
-        "invalid: expected" in message
-        or "missing: expected" in message
-        or "did you mean" in message
-    )
+    first = message.splitlines()[0]
+    assert named in first
+    assert "invalid: expected" in first or "missing: expected" in first or "did you mean" in first
+    assert "Traceback" not in message
     assert output_listing(output) == {}
+
+
+STREAM_FAILED = re.compile(
+    r"\[STREAM_FAILED\] Query \[id = [-0-9a-f]+, runId = [-0-9a-f]+\] terminated with "
+    r"exception: (.*)"
+)
+WRITER_FAILED = "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: "
+NOPE = (
+    "dedupsink.errors.DedupOptionError: option keys='id,nope' is invalid: expected columns of "
+    "the stream; 'nope' is not one of ['id', 'name', 'at', 'seq', 'city']"
+)
+
+
+def test_the_sink_s_line_is_the_first_line_spark_says(
+    spark: Any, workdir: Path, stream_input: Path
+) -> None:
+    """Spark hands a Python data source's error over as its worker formats it: the sink's own
+    errors as their one line, so it follows Spark's words on the first line of the message."""
+    output = workdir / "out"
+    message = failure_of(spark, workdir, {"path": str(output), "keys": "id,nope"}, "chk")
+    found = STREAM_FAILED.fullmatch(message.splitlines()[0])
+    assert found is not None, message
+    assert found.group(1) == WRITER_FAILED + NOPE
+    frame = spark.read.parquet(str(stream_input))
+    with pytest.raises(AnalysisException) as caught:
+        frame.write.format("dedup").option("keys", "id,nope").mode("append").save(str(output))
+    assert str(caught.value).splitlines() == [WRITER_FAILED + NOPE, " SQLSTATE: 38000"]
+    assert output_listing(output) == {}
+
+
+@pytest.fixture
+def no_hidden_traceback() -> Iterator[None]:
+    os.environ.pop("SPARK_HIDE_TRACEBACK", None)
+    yield
+    os.environ.pop("SPARK_HIDE_TRACEBACK", None)
+
+
+def _in_a_spark_worker(error: Exception) -> None:
+    """Raise ``error`` under ``said_in_one_line`` from a frame of a Spark worker module."""
+    code = "def call(error):\n    with said_in_one_line():\n        raise error\n"
+    scope = {"__name__": "pyspark.sql.worker.write_into_data_source"}
+    scope["said_in_one_line"] = datasource.said_in_one_line
+    exec(code, scope)
+    scope["call"](error)  # type: ignore[operator]
+
+
+@pytest.mark.usefixtures("no_hidden_traceback")
+def test_only_the_sink_s_own_errors_in_spark_s_workers_lose_their_traceback() -> None:
+    with pytest.raises(ValueError):
+        _in_a_spark_worker(ValueError("a bug keeps its traceback"))
+    assert "SPARK_HIDE_TRACEBACK" not in os.environ
+    with pytest.raises(DedupError), datasource.said_in_one_line():
+        raise DedupError("in this process (not a Spark worker) nothing is set")
+    assert "SPARK_HIDE_TRACEBACK" not in os.environ
+    with pytest.raises(DedupError):
+        _in_a_spark_worker(DedupError("said as its one line"))
+    assert os.environ["SPARK_HIDE_TRACEBACK"] == "1"
 
 
 ORIGINAL = {"keys": "id", "expiryKey": "seq", "expiryPeriod": "10"}

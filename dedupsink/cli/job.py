@@ -1,16 +1,24 @@
 """A job config checked without Spark: ``prepare`` turns a ``JobConfig`` into a ``PreparedJob``.
 
 It is what ``dedupsink validate`` reports and what ``dedupsink run`` does first, so that a bad
-config stops before a JVM starts: the sink options parse (``DedupOptions.parse``), the source
-schema parses (``ddl.parse_schema``), the keys and expiry key resolve against it
-(``engine.settings.resolve``), the source path exists, and an existing store was created with
-the same settings. Every problem is a ``ConfigError`` naming the key and where it was set.
+config stops before a JVM starts: the source format is one Spark has, the sink options parse
+(``DedupOptions.parse``), the source schema parses (``ddl.parse_schema``), the keys and expiry
+key resolve against it (``engine.settings.resolve``), the source path exists, the output and
+the store are reachable, an existing store was created with the same settings, and a local
+checkpoint folder can be written. Every problem is a ``ConfigError`` naming the key and where
+it was set.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
+import os
+import re
+import tempfile
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import fsspec
 import pyarrow as pa
@@ -18,6 +26,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from dedupsink.cli.config import (
+    CHECKPOINT,
     SOURCE_FORMAT,
     SOURCE_PATH,
     SOURCE_SCHEMA,
@@ -30,14 +39,19 @@ from dedupsink.cli.ddl import parse_schema
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import PATH, STORE_PATH, DedupOptions
+from dedupsink.options import PATH, STORE_PATH, DedupOptions, join_url
 from dedupsink.store.format import Manifest
 from dedupsink.store.storage import Storage, basename
 from dedupsink.store.store import BucketStore, check_settings
 
 log = logging.getLogger("dedupsink.cli")
 
-FILE_FORMATS = ("json", "csv", "parquet", "orc", "avro", "xml")
+# The sources a job may name: Spark's file sources (avro needs Spark's spark-avro package) and
+# its streaming sources (kafka needs spark-sql-kafka). Any other source is named by its class,
+# a dotted name that only Spark can check.
+FILE_FORMATS = ("parquet", "json", "csv", "orc", "xml", "avro")
+STREAM_SOURCES = ("kafka", "rate", "rate-micro-batch")
+SOURCE_FORMATS = (*FILE_FORMATS, "text", *STREAM_SOURCES)
 # Sources whose schema Spark fixes; the CLI knows it so keys can be checked before a run.
 FIXED_SCHEMAS = {
     "kafka": "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
@@ -47,6 +61,15 @@ FIXED_SCHEMAS = {
     "text": "value STRING",
 }
 _GLOB_CHARS = set("*?[{")
+_CLASS_NAME = re.compile(r"^[A-Za-z_][\w$]*(\.[A-Za-z_][\w$]*)+$")
+
+CHECKPOINTS_DIR = "_checkpoints"
+# Hadoop's filesystems, which every Spark has. An object store needs a connector on Spark's
+# classpath (s3a:// hadoop-aws, gs:// the GCS connector, abfs:// hadoop-azure), and s3://,
+# memory:// and fsspec's other schemes have no Hadoop filesystem at all.
+SPARK_FILESYSTEMS = ("file", "hdfs", "viewfs")
+LOCAL_CHECKPOINTS = "dedupsink-checkpoints"
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 @dataclass
@@ -70,7 +93,7 @@ class PreparedJob:
 
 def prepare(config: JobConfig, check_source: bool = True) -> PreparedJob:
     """Check everything that can be checked without Spark; raises ConfigError."""
-    source_format = _required(config, SOURCE_FORMAT).lower()
+    source_format = check_source_format(config)
     options = parse_options(config)
     trigger = parse_trigger(config.get(TRIGGER), config.where(TRIGGER))
     schema = source_schema(config, source_format)
@@ -82,6 +105,8 @@ def prepare(config: JobConfig, check_source: bool = True) -> PreparedJob:
     if check_source:
         job.source_files = check_source_path(config, source_format, job.notes)
     job.manifest = check_store(config, job)
+    if trigger.kind != "batch":  # a batch job has no checkpoint
+        check_checkpoint(config, job)
     return job
 
 
@@ -90,6 +115,26 @@ def _required(config: JobConfig, key: str) -> str:
     if value is None:
         raise ConfigError(key, f"{key} is required", config.origin)
     return value
+
+
+def check_source_format(config: JobConfig) -> str:
+    """``source.format`` as Spark is given it: a source's short name (any case, given in lower
+    case) or a data source's class name (as written); any other name is refused, so that a typo
+    stops here and not in Spark's planner."""
+    value = _required(config, SOURCE_FORMAT)
+    if value.lower() in SOURCE_FORMATS:
+        return value.lower()
+    if _CLASS_NAME.match(value):
+        return value
+    close = difflib.get_close_matches(value.lower(), SOURCE_FORMATS, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(
+        SOURCE_FORMAT,
+        f"{SOURCE_FORMAT}={value!r} is invalid: expected a source Spark has: "
+        f"{', '.join(FILE_FORMATS)}, text (files), {', '.join(STREAM_SOURCES)}, or a data "
+        f"source's class name such as com.example.MySource{hint}",
+        config.where(SOURCE_FORMAT),
+    )
 
 
 def _as_config_error(config: JobConfig, exc: DedupOptionError) -> ConfigError:
@@ -201,3 +246,83 @@ def check_store(config: JobConfig, job: PreparedJob) -> Manifest | None:
         except DedupOptionError as exc:
             raise _as_config_error(config, exc) from exc
     return manifest
+
+
+# -- the checkpoint ----------------------------------------------------------------------------
+
+
+def checkpoint_for(job: PreparedJob) -> tuple[str, bool]:
+    """The configured checkpoint, or a fresh one (True: remove it after the run): under the
+    output when Spark has a filesystem for it, else in a local temporary folder (a fresh
+    checkpoint lives only as long as its run, on the driver)."""
+    configured = job.config.get(CHECKPOINT)
+    if configured:
+        return configured, False
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = f"run-{stamp}-{uuid.uuid4().hex[:6]}"
+    if spark_has_filesystem(job.options.path):
+        return join_url(job.options.path, CHECKPOINTS_DIR, name), True
+    return os.path.join(tempfile.gettempdir(), LOCAL_CHECKPOINTS, name), True
+
+
+def spark_has_filesystem(url: str) -> bool:
+    """Whether every Spark can write at ``url``: a plain path, or a Hadoop filesystem's URL."""
+    found = _SCHEME.match(url)
+    return found is None or found.group(1).lower() in SPARK_FILESYSTEMS
+
+
+def local_path(url: str) -> str | None:
+    """The local path of a plain path or a ``file://`` URL; None for any other URL."""
+    found = _SCHEME.match(url)
+    if found is None:
+        return url
+    if found.group(1).lower() == "file":
+        return url[len(found.group(0)) :] or "/"
+    return None
+
+
+def check_checkpoint(config: JobConfig, job: PreparedJob) -> None:
+    """A local checkpoint folder must be writable: the nearest folder of it that exists takes a
+    new file (a probe, removed at once). Other filesystems are left to Spark, with a note where
+    Spark needs a connector that only its classpath can tell."""
+    location, fresh = checkpoint_for(job)
+    path = local_path(location)
+    if path is None:
+        if not spark_has_filesystem(location):
+            scheme = location.split(":", 1)[0]
+            job.notes.append(
+                f"{CHECKPOINT} {location} needs a Hadoop filesystem for {scheme}:// on Spark's "
+                f'classpath (Spark otherwise fails with: No FileSystem for scheme "{scheme}")'
+            )
+        return
+    problem = _unwritable(path)
+    if problem is None:
+        return
+    if fresh:
+        raise ConfigError(
+            CHECKPOINT,
+            f"the fresh checkpoint under {os.path.dirname(path)} cannot be written: {problem}; "
+            f"set {CHECKPOINT} to a folder Spark can write",
+            config.where(PATH),
+        )
+    raise ConfigError(
+        CHECKPOINT,
+        f"{CHECKPOINT}={location} is invalid: expected a folder Spark can write its "
+        f"checkpoint in: {problem}",
+        config.where(CHECKPOINT),
+    )
+
+
+def _unwritable(path: str) -> str | None:
+    """Why a folder cannot be made or written at ``path``, or None if it can."""
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".dedupsink-probe-"):
+            pass
+    except OSError as exc:
+        return f"{existing} is not writable ({exc.strerror or exc})"
+    return None

@@ -22,12 +22,12 @@ from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.history import history_table, json_lines
 from dedupsink.cli.history import render as render_history
 from dedupsink.cli.inspect import locate, render, report, settings_text, to_json
-from dedupsink.cli.job import PreparedJob, prepare
+from dedupsink.cli.job import PreparedJob, checkpoint_for, prepare
 from dedupsink.cli.lookup import lookup, parse_pairs
 from dedupsink.cli.lookup import render as render_lookup
 from dedupsink.cli.lookup import to_json as lookup_json
 from dedupsink.cli.report import write_report
-from dedupsink.cli.run import checkpoint_for, run, spark_master
+from dedupsink.cli.run import run, spark_master
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
 from dedupsink.store.ownership import describe_owner, now_ms, release

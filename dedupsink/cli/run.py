@@ -9,8 +9,9 @@ When the query has ended the owner lease is released, so the next run can take t
 once.
 
 Unless the config sets ``checkpointLocation``, each run gets a fresh checkpoint under
-``<path>/_checkpoints/`` that is removed when the run ends: the source is read again from the
-start on every run, while the store, which remembers the keys, persists.
+``<path>/_checkpoints/`` (in a local temporary folder when Spark has no filesystem for the
+output's URL: ``job.checkpoint_for``) that is removed when the run ends: the source is read
+again from the start on every run, while the store, which remembers the keys, persists.
 """
 
 from __future__ import annotations
@@ -25,18 +26,16 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from dedupsink.cli.config import CHECKPOINT, SOURCE_PATH
+from dedupsink.cli.config import SOURCE_PATH
 from dedupsink.cli.display import human_bytes, point_text, table
-from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob
+from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
 from dedupsink.errors import DedupError, StoreError
@@ -64,11 +63,12 @@ log = logging.getLogger("dedupsink.cli")
 MASTER_DEFAULT = "local[2]"
 MASTER_ENV = "SPARK_MASTER"
 POLL_SECONDS = 0.5
-CHECKPOINTS_DIR = "_checkpoints"
 SECRET_PLACEHOLDER = "..."  # a storage option's value in the Inspect: hint that may be a secret
 SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
 _OPTION_ERRORS = ("DedupOptionError", "StoreSettingsError", "UnsupportedKeyType")
-_DEDUP_ERROR_LINE = re.compile(r"(?m)^\s*dedupsink\.[\w.]+?\.(\w+): (.+)$")
+# A dedupsink error at a line's start (in a traceback), or after Spark's words when the sink
+# handed it over as its one line ("... Python data source writer: dedupsink.errors.X: ...").
+_DEDUP_ERROR_LINE = re.compile(r"(?m)(?:^\s*|: )dedupsink\.[\w.]+?\.(\w+): (.+)$")
 _PYTHON_ERROR_LINE = re.compile(r"(?m)^\s*((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
 _JVM_PACKAGES = ("org.", "java.", "javax.", "scala.", "py4j.", "com.")
 _LOG4J = """\
@@ -339,16 +339,6 @@ def follow(query: Any, watcher: WindowWatcher, stopper: Stopper) -> None:
 # -- checkpoint, lease, summary ---------------------------------------------------------------
 
 
-def checkpoint_for(job: PreparedJob) -> tuple[str, bool]:
-    """The configured checkpoint, or a fresh one under the output (True: remove it after)."""
-    configured = job.config.get(CHECKPOINT)
-    if configured:
-        return configured, False
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    name = f"run-{stamp}-{uuid.uuid4().hex[:6]}"
-    return join_url(job.options.path, CHECKPOINTS_DIR, name), True
-
-
 def remove_checkpoint(url: str, storage_options: dict[str, object]) -> None:
     """Remove a fresh checkpoint, then the folder of checkpoints if that leaves it empty."""
     storage = Storage.for_url(url, storage_options)
@@ -489,7 +479,9 @@ def run(job: PreparedJob, out: TextIO, log_level: str = "ERROR") -> int:
         outcome.seconds = time.monotonic() - started
         released = release_lease(job.store, outcome.query_id)
         if fresh:
-            remove_checkpoint(checkpoint, job.options.storage_options)
+            # A fresh checkpoint is under the output, with its storage options, or local.
+            under_output = spark_has_filesystem(job.options.path)
+            remove_checkpoint(checkpoint, job.options.storage_options if under_output else {})
     for line in summary(job, outcome, released):
         print(line, file=out)
     return 130 if outcome.interrupted else 0

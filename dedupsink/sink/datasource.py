@@ -7,6 +7,9 @@ bad option ends the query before anything is written; it also names this run of 
 writer it returns is pickled to the executors, where ``write`` learns the window (query id,
 batch id) from the task context and runs ``run_task``; Spark calls ``streamWriter`` again for
 every commit, on a fresh copy, which is why no state lives on the writer.
+
+A dedupsink error raised there, or by a commit, reaches the user as its own line: see
+``said_in_one_line``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
@@ -69,8 +73,47 @@ def _commit(plan: SinkPlan, messages: list[WriterCommitMessage | None], batch_id
     tune_worker_process()
     _log_to_stderr_if_unconfigured()
     summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
-    with plan.options.masking():
+    with said_in_one_line(), plan.options.masking():
         commit_window(plan, summaries, batch_id)
+
+
+# Spark's Python worker reads this when it formats the error it hands to the JVM: set, it
+# sends the exception's own line ("dedupsink.errors.DedupOptionError: option keys=...") instead
+# of its traceback. spark.sql.execution.pyspark.udf.hideTraceback.enabled sets it for every
+# Python error of a session.
+_HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
+_SPARK_WORKER_MODULES = "pyspark.sql.worker."
+
+
+@contextmanager
+def said_in_one_line() -> Iterator[None]:
+    """A dedupsink error raised while Spark plans a write or runs its commit is handed to Spark
+    as its one line, so that it follows Spark's own first line: "[STREAM_FAILED] Query [...]
+    terminated with exception: [PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data
+    source writer: dedupsink.errors.DedupOptionError: option keys='nope' is invalid: ...",
+    where Spark would otherwise put "Traceback (most recent call last):" and the sink's line
+    fifteen lines on. Only the sink's own errors, whose message says what is wrong, lose their
+    traceback; any other error keeps it. Spark's worker process ends after the error it reports
+    (``worker_run`` exits), so the setting goes with it; outside Spark's workers (the sink's
+    code called in-process) nothing is set."""
+    try:
+        yield
+    except DedupError:
+        if _in_spark_worker():
+            os.environ[_HIDE_TRACEBACK] = "1"
+        raise
+
+
+def _in_spark_worker() -> bool:
+    """Whether this call runs under one of Spark's Python worker programs (the planner of a
+    write, the commit runner), which format the error for the JVM and then exit."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith(_SPARK_WORKER_MODULES):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return main is not None and main.name.startswith(_SPARK_WORKER_MODULES)
 
 
 class DedupStreamWriter(DataSourceStreamArrowWriter):
@@ -237,7 +280,8 @@ class DedupDataSource(DataSource):
         # Spark plans every micro-batch, and again for its commit: the checks are made once a
         # process, and not for a commit (which checks what it relies on itself).
         check: Checks = "never" if _planning_a_commit() else "once"
-        return DedupStreamWriter(plan_for(dict(self.options), arrow_schema, new_run(), check))
+        with said_in_one_line():
+            return DedupStreamWriter(plan_for(dict(self.options), arrow_schema, new_run(), check))
 
     def writer(self, schema: StructType, overwrite: bool) -> DedupBatchWriter:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -245,14 +289,16 @@ class DedupDataSource(DataSource):
         from dedupsink.sink.plan import plan_for
 
         tune_worker_process()
-        if overwrite:
-            # Spark itself refuses the error and ignore modes for a Python data source; only
-            # append and overwrite reach here.
-            raise DedupOptionError(
-                "mode",
-                "overwrite",
-                "append: a batch write adds one window to the store and its ports, which it "
-                "never replaces (use .mode('append'))",
-            )
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        return DedupBatchWriter(plan_for(dict(self.options), arrow_schema, new_run(), "always"))
+        with said_in_one_line():
+            if overwrite:
+                # Spark itself refuses the error and ignore modes for a Python data source; only
+                # append and overwrite reach here.
+                raise DedupOptionError(
+                    "mode",
+                    "overwrite",
+                    "append: a batch write adds one window to the store and its ports, which it "
+                    "never replaces (use .mode('append'))",
+                )
+            arrow_schema = to_arrow_schema(schema, timezone="UTC")
+            plan = plan_for(dict(self.options), arrow_schema, new_run(), "always")
+        return DedupBatchWriter(plan)
