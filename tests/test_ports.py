@@ -331,3 +331,26 @@ def test_an_iceberg_catalog_left_without_tables_gets_them_at_the_next_start(
     sink.window(0, rows([1, 2], 1000))
     unique = sink.plan.ports._table("unique")
     assert sorted(unique.scan().to_arrow().column("id").to_pylist()) == [1, 2]
+
+
+def test_an_iceberg_commit_from_a_handle_another_writer_overtook_reads_the_table_again(
+    tmp_path: Path,
+) -> None:
+    """A port's commit starts from the handle its last commit in this process left; when
+    another writer has committed since, the catalog refuses that commit and it reads again."""
+    from dedupsink.ports.iceberg import _committed, published_version
+
+    url = str(tmp_path / "orders")
+    sink = LocalSink(options(url, "iceberg"), SCHEMA)
+    sink.window(0, rows([1], 1000))
+    assert any(identifier[1] == "orders_unique" for _, identifier in _committed)
+    ports = sink.plan.ports
+    with ports._table("unique").transaction() as other_writer:
+        other_writer.set_properties({"owner": "orders-team"})
+    sink.window(1, rows([2], 1000))
+    unique = ports._table("unique")
+    assert sorted(unique.scan().to_arrow().column("id").to_pylist()) == [1, 2]
+    assert unique.metadata.properties["owner"] == "orders-team"
+    assert len(unique.snapshots()) == 2  # one a window
+    store = sink.plan.store.read()
+    assert store is not None and published_version(unique, store.store_id) == 2

@@ -58,6 +58,12 @@ _ICEBERG_MIN_SNAPSHOTS = 1
 # one authenticates; a commit in a long-lived driver process reuses it.
 _catalogs: dict[tuple[tuple[str, str], ...], Any] = {}
 _catalogs_lock = threading.Lock()
+# The table handle each port's last commit in this process left, as of that commit: the next
+# window's commit starts from it instead of reading the table again (a read per port per
+# window). A handle another writer has overtaken only costs a failed commit and a read: the
+# catalog takes a commit only on top of the metadata it was made from.
+_committed: dict[tuple[tuple[tuple[str, str], ...], tuple[str, str]], Any] = {}
+_COMMITTED_KEEP = 64
 
 
 class IcebergPorts(PortFormat):
@@ -246,19 +252,24 @@ class IcebergPorts(PortFormat):
         exceptions = _pyiceberg().exceptions
         paths = [self._url(self.output.path(move.target)) for move in files]
         summary = {STORE_PROPERTY: store_id, VERSION_PROPERTY: str(publication.window)}
+        key = (tuple(sorted(self.catalog_properties().items())), self.identifier(port))
         for _ in range(_COMMIT_ROUNDS):
-            table = self._table(port)
+            table = _committed.pop(key, None) or self._table(port)
             if table is None:
                 raise PortTableError(f"the Iceberg table {self.table_name(port)} is gone")
             if published_version(table, store_id) >= publication.window:
                 return
+            handle = _without_retries(table)
             try:
-                with _transaction(_without_retries(table)) as transaction:
+                with _transaction(handle) as transaction:
                     transaction.add_files(
                         paths, snapshot_properties=summary, check_duplicate_files=False
                     )
             except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException):
                 continue  # the table changed, or the commit may have landed: read it again
+            _committed[key] = handle  # its metadata is now the commit's
+            while len(_committed) > _COMMITTED_KEEP:
+                del _committed[next(iter(_committed))]
             if publication.window % EXPIRE_EVERY == 0:
                 expire_snapshots(self._table(port), publication.modified_ms)
             return
