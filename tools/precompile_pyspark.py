@@ -26,11 +26,11 @@ import argparse
 import importlib.util
 import os
 import sys
-import warnings
 import zipfile
 from dataclasses import dataclass
-from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
 from pathlib import Path
+
+from dedupsink.cli.sparkhome import modules_without_bytecode, write_with_bytecode
 
 
 class UsageError(Exception):
@@ -96,63 +96,19 @@ def precompile_archive(path: Path) -> ArchiveReport:
 
     The new archive is written next to the old one and renamed over it, so a crash leaves
     either archive whole. An archive with nothing to compile is left untouched."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pending = _sources_without_bytecode(archive)
-            bytecode = {name: _bytecode(archive.read(name), name) for name in pending}
-            compiled = {name: pyc for name, pyc in bytecode.items() if pyc is not None}
-            if compiled:
-                _rewrite(archive, path, compiled)
-    except zipfile.BadZipFile as exc:
-        raise ArchiveError(f"{path} is not a readable zip archive ({exc}); left as it is") from exc
-    return ArchiveReport(path, len(compiled), len(pending) - len(compiled))
-
-
-def modules_without_bytecode(path: Path) -> int:
-    """How many modules of the archive at ``path`` have no ``.pyc`` beside them (0 once
-    ``precompile_archive`` has run, unless a module is not valid Python)."""
-    with zipfile.ZipFile(path) as archive:
-        return len(_sources_without_bytecode(archive))
-
-
-def _sources_without_bytecode(archive: zipfile.ZipFile) -> list[str]:
-    names = archive.namelist()
-    present = set(names)
-    return [name for name in names if name.endswith(".py") and name + "c" not in present]
-
-
-def _rewrite(archive: zipfile.ZipFile, path: Path, bytecode: dict[str, bytes]) -> None:
     staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(staged, "wb") as handle:
-            with zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as out:
-                for entry in archive.infolist():
-                    out.writestr(entry, archive.read(entry))
-                    if entry.filename in bytecode:
-                        # Beside the source, not in __pycache__: where zipimport looks for it.
-                        pyc = zipfile.ZipInfo(entry.filename + "c", entry.date_time)
-                        out.writestr(pyc, bytecode[entry.filename], zipfile.ZIP_DEFLATED)
-            # On disk before the rename, so the rename never exposes a partly written archive.
-            handle.flush()
-            os.fsync(handle.fileno())
+        with zipfile.ZipFile(path) as archive:
+            if not modules_without_bytecode(path):
+                return ArchiveReport(path, 0, 0)
+            compiled, uncompilable = write_with_bytecode(archive, staged)
         staged.chmod(path.stat().st_mode & 0o7777)
         os.replace(staged, path)
+    except zipfile.BadZipFile as exc:
+        raise ArchiveError(f"{path} is not a readable zip archive ({exc}); left as it is") from exc
     finally:
         staged.unlink(missing_ok=True)
-
-
-def _bytecode(source: bytes, filename: str) -> bytes | None:
-    """A checked hash-based ``.pyc`` of ``source``, or None when it does not compile (left as
-    source, as ``compileall`` leaves it)."""
-    with warnings.catch_warnings():
-        # PySpark's own tests carry a few SyntaxWarnings; compiling is not the place to show them.
-        warnings.simplefilter("ignore")
-        try:
-            code = compile(source, filename, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError):
-            return None
-    # The helper py_compile uses for its hash-based invalidation mode.
-    return bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=True))
+    return ArchiveReport(path, compiled, uncompilable)
 
 
 def main(argv: list[str] | None = None) -> int:

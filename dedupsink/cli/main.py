@@ -28,6 +28,7 @@ from dedupsink.cli.lookup import render as render_lookup
 from dedupsink.cli.lookup import to_json as lookup_json
 from dedupsink.cli.report import write_report
 from dedupsink.cli.run import run, spark_master
+from dedupsink.cli.sparkhome import compiled_spark_home, installed_spark_home
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
 from dedupsink.store.ownership import describe_owner, now_ms, release
@@ -106,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     repair.add_argument("--dry-run", action="store_true", help="report, change nothing")
     _add_storage(repair)
+    commands.add_parser(
+        "spark-home",
+        help="print a Spark home whose Python archives carry bytecode (built once), for "
+        "SPARK_HOME: Spark's Python processes then start about a second sooner each",
+    )
     return parser
 
 
@@ -235,6 +241,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_home(args: argparse.Namespace) -> int:
+    home = compiled_spark_home() or installed_spark_home()
+    if home is None:
+        raise ConfigError(None, "pyspark is not installed here, and SPARK_HOME is not set")
+    print(home)
+    return 0
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     store = locate(args.path, args.store, _storage_options(args)).store()
     before = store.read()
@@ -278,6 +292,7 @@ COMMANDS = {
     "report": cmd_report,
     "release": cmd_release,
     "repair": cmd_repair,
+    "spark-home": cmd_spark_home,
 }
 
 

@@ -36,6 +36,7 @@ from typing import Any, TextIO
 from dedupsink.cli.config import SOURCE_PATH
 from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
+from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
 from dedupsink.errors import DedupError, StoreError
@@ -120,6 +121,9 @@ def spark_session(job: PreparedJob, log_level: str) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    home = compiled_spark_home()
+    if home is not None:
+        os.environ[SPARK_HOME_ENV] = str(home)  # this run's Spark only: see cli/sparkhome.py
     # The commit's worker inherits this: run prints its own line per batch, not the sink's too.
     os.environ[COMMIT_LOG_ENV] = "off"
     conf = {**SPARK_DEFAULTS, **job.config.spark_conf}
