@@ -8,9 +8,10 @@ Three parts, in one run:
    ``local[2]``, ``maxFilesPerTrigger=2`` and ``trigger(availableNow=True)`` into
    ``format("dedup")`` (``keys=id``, ``expiryKey=event_time``, ``expiryPeriod=1 hour``, as
    ``compare.py``'s ``dedupsink``) with ``outputFormat`` parquet, delta and iceberg. Every run is
-   a fresh process (this script with ``--format``), the formats interleaved within a round and
-   the round repeated ``--repeats`` times. Per run: rows/s over the whole run (``start()`` to
-   the return of ``awaitTermination()``, as in ``compare.py``) and after the first micro-batch
+   a fresh process (this script with ``--format``), the formats interleaved within a round (each
+   round starting with the next format) and the round repeated ``--repeats`` times. Per run:
+   rows/s over the whole run (``start()`` to the return of ``awaitTermination()``, as in
+   ``compare.py``) and after the first micro-batch
    (the rows of the other batches over their ``triggerExecution``: the first carries the start
    of Spark's Python processes and the format's imports), CPU seconds of the process tree, and
    the ports' rows read back through each format's own reader (Delta log, Iceberg snapshot),
@@ -262,7 +263,8 @@ def spark_part(args: argparse.Namespace, formats: list[str]) -> dict[str, float]
     results: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
     load = LoadSampler().start()
     for repeat in range(args.repeats):
-        for fmt in formats:
+        # Each round starts with the next format: no format always runs first (or last).
+        for fmt in formats[repeat % len(formats) :] + formats[: repeat % len(formats)]:
             record = launch(fmt, input_dir, args)
             results[fmt].append(record)
             print(
