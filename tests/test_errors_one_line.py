@@ -313,14 +313,7 @@ def test_run_says_spark_s_cause(tmp_path: Path) -> None:
         "spark.ui.enabled = false\n"
         "spark.driver.extraJavaOptions = -XX:TieredStopAtLevel=1 -XX:+UseSerialGC\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "dedupsink", "run", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    result = run_in_a_process(config)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("dedupsink:")]
     assert errors == [
@@ -360,7 +353,16 @@ def test_a_run_to_s3_without_a_checkpoint_location_runs(s3: S3Server, tmp_path: 
         + "spark.ui.enabled = false\n"
         + "spark.driver.extraJavaOptions = -XX:TieredStopAtLevel=1 -XX:+UseSerialGC\n"
     )
-    result = subprocess.run(
+    result = run_in_a_process(config)
+    assert result.returncode == 0, result.stderr
+    assert "Run finished:" in result.stdout and SECRET not in result.stdout + result.stderr
+    written = {name.rsplit("/", 1)[-1] for name in output.fs().ls(output.url, detail=False)}
+    assert "unique" in written and "_checkpoints" not in written
+
+
+def run_in_a_process(config: Path) -> subprocess.CompletedProcess[str]:
+    """``dedupsink run CONFIG`` in a fresh process, as a user starts it."""
+    return subprocess.run(
         [sys.executable, "-m", "dedupsink", "run", str(config)],
         cwd=ROOT,
         capture_output=True,
@@ -368,7 +370,3 @@ def test_a_run_to_s3_without_a_checkpoint_location_runs(s3: S3Server, tmp_path: 
         timeout=240,
         check=False,
     )
-    assert result.returncode == 0, result.stderr
-    assert "Run finished:" in result.stdout and SECRET not in result.stdout + result.stderr
-    written = {name.rsplit("/", 1)[-1] for name in output.fs().ls(output.url, detail=False)}
-    assert "unique" in written and "_checkpoints" not in written
