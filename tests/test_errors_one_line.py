@@ -343,6 +343,7 @@ def test_validate_puts_the_fresh_checkpoint_of_an_s3_output_on_the_local_disk(
     assert "  output      s3://dedup-tests/cli" in lines
 
 
+@pytest.mark.slow  # a whole Spark in a process of its own, about 40 s
 @pytest.mark.spark
 def test_a_run_to_s3_without_a_checkpoint_location_runs(s3: S3Server, tmp_path: Path) -> None:
     output = s3.remote("cli")

@@ -119,6 +119,7 @@ spark.stop()
 """
 
 
+@pytest.mark.slow  # a whole Spark in a process of its own
 @pytest.mark.spark
 def test_spark_starts_from_a_linked_home_and_its_workers_import_its_archive(
     tmp_path: Path,
