@@ -254,7 +254,9 @@ class IcebergPorts(PortFormat):
         summary = {STORE_PROPERTY: store_id, VERSION_PROPERTY: str(publication.window)}
         key = (tuple(sorted(self.catalog_properties().items())), self.identifier(port))
         for _ in range(_COMMIT_ROUNDS):
-            table = _committed.pop(key, None) or self._table(port)
+            table = _committed.pop(key, None)
+            if table is None:
+                table = self._table(port)
             if table is None:
                 raise PortTableError(f"the Iceberg table {self.table_name(port)} is gone")
             if published_version(table, store_id) >= publication.window:
