@@ -36,7 +36,7 @@ $(AZURITE_STAMP): | $(STAMP)
 $(CHROMIUM_STAMP): | $(STAMP)
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" != 0 ]; then echo "chromium is needed for the tests (the report's browser test): install Debian's 'chromium' package (sudo apt-get install chromium)"; exit 2; fi; \
-	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@touch $(CHROMIUM_STAMP)
 
 install: $(STAMP) $(AZURITE_STAMP) ## Create .venv and install dedupsink with its dev tools and the tests' emulator
