@@ -1,8 +1,9 @@
 """dedupsink: a deduplicating sink for Spark Structured Streaming.
 
 Layers, each importing only those before it: ``options``/``errors`` -> ``engine`` (pure
-classification) -> ``store`` (bucket store and cache, fsspec only) -> ``sink`` (the Spark data
-source; the only pyspark import) -> ``cli``.
+classification) -> ``store`` (bucket store and cache, fsspec only) -> ``ports`` (Parquet, Delta
+and Iceberg ports) -> ``sink`` (the Spark data source; below the CLI, the only pyspark import)
+-> ``cli`` (which starts Spark for ``dedupsink run``).
 """
 
 from __future__ import annotations

@@ -74,13 +74,6 @@ class Fingerprints:
         words[:, 1] = self.h2
         return memoryview(words.tobytes()) if not len(words) else words.data.cast("B")
 
-    @staticmethod
-    def from_packed(data: bytes) -> Fingerprints:
-        """The inverse of ``packed``."""
-        words = np.frombuffer(data, dtype=_STAGED_WORD).reshape(-1, 2)
-        # One contiguous native-order copy per lane (astype of a strided view copies once).
-        return Fingerprints(words[:, 0].astype(_U64), words[:, 1].astype(_U64))
-
     def as_arrow(self) -> pa.FixedSizeBinaryArray:
         """The fingerprints as 16-byte binaries, to use Arrow's C++ hash kernels on them."""
         buffer = pa.py_buffer(self.packed())

@@ -297,19 +297,17 @@ _FIELD = np.uint64(4095)
 _BIT_PAIRS = np.array([(1 << (pair & 63)) | (1 << (pair >> 6)) for pair in range(4096)], np.uint64)
 
 
-# A merge places the smaller set into the larger from this ratio of sizes up (measured: a set of
-# 390,000 keys took 281 at 2.0 ns a key placed and 3.9 sorted; at a ratio of 100, 4.1 and 3.7).
+# A merge places the smaller set into the larger from this ratio of sizes up; below it sorting
+# both is faster (bench/RESULTS.md, "Measurements behind design choices").
 _PLACE_FROM = 128
 # The largest merge that sorts. A batch write's task merges each chunk's new keys into the keys it
-# found before, and its memory peaks in that merge: sorting 472,000 keys raised the peak RSS of
-# bench/backfill.py's workers by 9-10 MB (313-315 -> 323-324 MB, over the 320 MB it must stay
-# under); up to this size the extra is at most 4 MB.
+# found before, and its memory peaks in that merge: a larger sort took a backfill's workers over
+# their memory bound (bench/RESULTS.md, "Measurements behind design choices").
 _SORT_UP_TO = 1 << 18
 
 # Below this many keys a bucket's binary searches stay in the CPU's caches and cost about what
-# its queries' probes and its keys' bits would: a bucket is covered by the filter from here.
-# (With a filter per bucket, a bucket of 30,000 answered 64 windows' lookups in 5.1 ms a window
-# with it from 8,192 keys, 6.6 ms from 65,536; 10,000 keys: 4.4 and 4.8 ms.)
+# its queries' probes and its keys' bits would: a bucket is covered by the filter from here
+# (bench/RESULTS.md, "Measurements behind design choices").
 FILTER_FROM_KEYS = 8_192
 _FILTER_BITS_PER_KEY = 8
 

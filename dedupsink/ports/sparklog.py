@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from dedupsink.errors import StoreCorruptError
 from dedupsink.store.records import LogEntry, Publication
-from dedupsink.store.storage import basename
 
 if TYPE_CHECKING:
     from dedupsink.ports.output import Output
@@ -227,10 +225,6 @@ def _loads_or_none(line: str) -> Any:
         return json.loads(line)
     except ValueError:
         return None
-
-
-def logged_names(statuses: Iterable[dict[str, Any]]) -> list[str]:
-    return [basename(status["path"]) for status in statuses]
 
 
 def _is_file_status(status: Any) -> bool:

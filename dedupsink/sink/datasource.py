@@ -1,4 +1,4 @@
-"""The Spark data source ``dedup``: the only module of dedupsink that imports pyspark.
+"""The Spark data source ``dedup``: the one module below the CLI that imports pyspark.
 
 ``DedupDataSource.streamWriter`` runs on the driver before the first batch: it parses and
 resolves the options against the stream's schema, refuses a filesystem the store cannot commit

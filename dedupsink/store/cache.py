@@ -160,13 +160,13 @@ def _alive_sealed(sealed: tuple[KeySet, ...], forget: float) -> tuple[KeySet, ..
 
 
 # A bucket's bulk is sealed from this many keys (see ``CachedBucket``): merges up to about this
-# size still take the faster sorted way (``keyset._SORT_UP_TO``). At the end of a day of 20,000-row
-# windows into 64 hash buckets (400,000 keys each), the median window went from 30.5 to 27.5 ms.
+# size still take the faster sorted way (``keyset._SORT_UP_TO``); bench/RESULTS.md,
+# "Measurements behind design choices", has what sealing saved.
 SEAL_AT = 1 << 18
 # Below this many queries a bucket's search gives every set all of them (see ``contains``).
 _PICK_OUT_FROM_QUERIES = 16
-# Measured on a day of one-minute windows into one-hour buckets: folding at a quarter keeps a
-# window's merge cost flat through the hour (an eighth grew it 2x, a half cost more throughout).
+# Folding at a quarter keeps a window's merge cost flat through a time bucket's hour (bench/
+# RESULTS.md, "Measurements behind design choices").
 _FOLD_RATIO = 4
 _RUNS = 3
 
