@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dedupsink.options import MICROS_PER_DAY, number_text, utc_text
+from dedupsink.options import utc_text
+from dedupsink.store.history import point_text as history_point_text
 
 __all__ = ["human_bytes", "point_text", "table", "utc_text"]
 
@@ -20,24 +21,15 @@ def human_bytes(count: int) -> str:
 
 
 def point_text(value: float | None, settings: Mapping[str, Any], categories: Sequence[str]) -> str:
-    """A latest or expiry point in the domain of the expiry key (timestamps made readable)."""
+    """A latest or expiry point in the domain of the expiry key (timestamps made readable), as
+    the history writes it, but for a category, shown with its ordinal."""
     if value is None:
         return "none yet"
-    mode = settings.get("mode")
-    if mode == "systemTime":
-        return utc_text(value)
-    if mode == "tupleTime":
-        expiry_type = str(settings.get("expiry_type") or "")
-        if expiry_type.startswith("date") and value % MICROS_PER_DAY == 0:
-            return utc_text(value, zone=False)[:10]
-        return utc_text(value, zone="tz=" in expiry_type)
-    if mode == "categorical":
+    if settings.get("mode") == "categorical" and value >= 0:
         ordinal = int(value)
-        if ordinal < 0:
-            return f"{ordinal} (no category)"
         name = categories[ordinal] if ordinal < len(categories) else "?"
         return f"{ordinal} ({name!r})"
-    return number_text(value)
+    return history_point_text(value, settings, categories) or "none yet"
 
 
 def table(

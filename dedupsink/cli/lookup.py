@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dedupsink.cli.display import point_text, utc_text
 from dedupsink.cli.errors import ConfigError
@@ -291,27 +292,16 @@ def _find(
         return []
     keys = manager.read_segments(segments)
     ends = np.cumsum([segment.count for segment in segments])
-    if len(ends) and int(ends[-1]) != len(keys.h1):  # counts disagree: one segment at a time
-        return [hit for segment in segments for hit in _find_one(manager, segment, h1, h2)]
+    if len(segments) > 1 and int(ends[-1]) != len(keys.h1):  # counts disagree: one at a time
+        return [hit for segment in segments for hit in _find(manager, [segment], h1, h2)]
     hits = np.flatnonzero((keys.h1 == np.uint64(h1)) & (keys.h2 == np.uint64(h2)))
-    owners = np.searchsorted(ends, hits, side="right")
+    owners = np.minimum(np.searchsorted(ends, hits, side="right"), len(segments) - 1)
     return [
         (
             segments[int(owner)].file,
             None if keys.stamps is None else float(keys.stamps[int(hit)]),
         )
         for hit, owner in zip(hits, owners, strict=True)
-    ]
-
-
-def _find_one(
-    manager: BucketManager, segment: Segment, h1: int, h2: int
-) -> list[tuple[str, float | None]]:
-    keys = manager.read_segments([segment])
-    hits = np.flatnonzero((keys.h1 == np.uint64(h1)) & (keys.h2 == np.uint64(h2)))
-    return [
-        (segment.file, None if keys.stamps is None else float(keys.stamps[int(hit)]))
-        for hit in hits
     ]
 
 
@@ -348,7 +338,7 @@ def _history_of(location: Location, manifest: Manifest, window: int) -> dict[str
     """Query, batch and commit time of the window ``window``, from the history when it has it;
     whether the window's files hold more keys than it added (a compaction folded older ones)."""
     rows = read_history(location.store())
-    matching = [r for r in rows.to_pylist() if r["version"] == window]
+    matching = rows.filter(pc.equal(rows.column("version"), window)).slice(0, 1).to_pylist()
     if not matching:
         return {}
     row = matching[0]

@@ -57,27 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a job config without running it")
     validate.add_argument("job", metavar="JOB.conf", help="job config file")
     _add_set(validate)
-    inspect = commands.add_parser("inspect", help="show a store and its ports (no Spark)")
-    inspect.add_argument("path", metavar="PATH", help="an output path or a store path")
-    inspect.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    inspect = _store_command(commands, "inspect", "show a store and its ports (no Spark)")
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
-    _add_storage(inspect)
-    history = commands.add_parser(
-        "history", help="one line per committed window of a store, kept long (no Spark)"
+    history = _store_command(
+        commands, "history", "one line per committed window of a store, kept long (no Spark)"
     )
-    history.add_argument("path", metavar="PATH", help="an output path or a store path")
-    history.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     history.add_argument("--last", metavar="N", type=int, help="only the last N windows")
     history.add_argument("--json", action="store_true", help="print JSON lines, one a window")
-    _add_storage(history)
-    lookup = commands.add_parser(
-        "lookup", help="whether the store remembers a key, since when, until when (no Spark)"
+    lookup = _store_command(
+        commands, "lookup", "whether the store remembers a key, since when, until when (no Spark)"
     )
-    lookup.add_argument("path", metavar="PATH", help="an output path or a store path")
     lookup.add_argument(
         "pairs", metavar="COLUMN=VALUE", nargs="+", help="the value of each key column"
     )
-    lookup.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     lookup.add_argument(
         "--expiry",
         metavar="VALUE",
@@ -85,33 +77,38 @@ def build_parser() -> argparse.ArgumentParser:
         "(tupleTime, ordered); without it every bucket is searched",
     )
     lookup.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_storage(lookup)
-    report = commands.add_parser(
-        "report", help="the store's history as charts in one self-contained HTML page (no Spark)"
+    report = _store_command(
+        commands,
+        "report",
+        "the store's history as charts in one self-contained HTML page (no Spark)",
     )
-    report.add_argument("path", metavar="PATH", help="an output path or a store path")
     report.add_argument(
         "-o", "--output", metavar="FILE", required=True, help="the HTML file to write"
     )
-    report.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     report.add_argument("--last", metavar="N", type=int, help="only the last N windows")
-    _add_storage(report)
-    release = commands.add_parser("release", help="give up a store's owner lease")
-    release.add_argument("path", metavar="PATH", help="an output path or a store path")
-    release.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
-    _add_storage(release)
-    repair = commands.add_parser(
-        "repair", help="rewrite damaged or lost Spark sink-log entries of the ports from the store"
+    _store_command(commands, "release", "give up a store's owner lease")
+    repair = _store_command(
+        commands,
+        "repair",
+        "rewrite damaged or lost Spark sink-log entries of the ports from the store",
     )
-    repair.add_argument("path", metavar="PATH", help="an output path or a store path")
-    repair.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     repair.add_argument("--dry-run", action="store_true", help="report, change nothing")
-    _add_storage(repair)
     commands.add_parser(
         "spark-home",
         help="print a Spark home whose Python archives carry bytecode (built once), for "
         "SPARK_HOME: Spark's Python processes then start about a second sooner each",
     )
+    return parser
+
+
+def _store_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str
+) -> argparse.ArgumentParser:
+    """A command about one store: its PATH, ``--store`` and the ``--fs`` storage options."""
+    parser = commands.add_parser(name, help=summary)
+    parser.add_argument("path", metavar="PATH", help="an output path or a store path")
+    parser.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
+    _add_storage(parser)
     return parser
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dedupsink import __version__
 from dedupsink.cli.display import human_bytes
@@ -236,33 +237,36 @@ def _time(moment: datetime) -> str:
 
 
 def _heading(rows: pa.Table, store_url: str) -> list[str]:
-    times = rows.column("committed_at").to_pylist()
     count = rows.num_rows
+    first, last = (_row(rows, index)["committed_at"] for index in (0, count - 1))
     windows = "window" if count == 1 else "windows"
     return [
         f"<h1>Store history of <code>{esc(store_url)}</code></h1>",
-        f'<p class="range">{count} {windows} committed from {esc(_time(times[0]))} to '
-        f"{esc(_time(times[-1]))} UTC</p>",
+        f'<p class="range">{count} {windows} committed from {esc(_time(first))} to '
+        f"{esc(_time(last))} UTC</p>",
     ]
+
+
+def _row(rows: pa.Table, index: int) -> dict[str, Any]:
+    return rows.slice(index, 1).to_pylist()[0]
 
 
 def _summary(rows: pa.Table, columns: Sequence[Column]) -> list[str]:
     """The table of totals over every window, and how the charts draw them."""
-    values = {name: rows.column(name).to_pylist() for name in _COLUMN_NAMES}
-    totals = {port: sum(values[port]) for port in PORTS}
+    first, last = (_row(rows, index) for index in (0, rows.num_rows - 1))
+    totals = {port: int(pc.sum(rows.column(port)).as_py() or 0) for port in PORTS}
     everything = sum(totals.values())
-    versions = values["version"]
-    last = -1
+    windows = rows.num_rows
     facts: list[tuple[str, str]] = [
-        ("windows", f"{len(versions):,} (versions {versions[0]:,} to {versions[last]:,})"),
-        ("queries", f"{len(set(rows.column('query_id').to_pylist())):,}"),
-        ("first commit", _time(values["committed_at"][0]) + " UTC"),
-        ("last commit", _time(values["committed_at"][last]) + " UTC"),
+        ("windows", f"{windows:,} (versions {first['version']:,} to {last['version']:,})"),
+        ("queries", f"{pc.count_distinct(rows.column('query_id')).as_py():,}"),
+        ("first commit", _time(first["committed_at"]) + " UTC"),
+        ("last commit", _time(last["committed_at"]) + " UTC"),
         ("rows", f"{everything:,}"),
-        ("remembered keys", f"{values['keys_remembered'][last]:,} (after the last window)"),
-        ("store", human_bytes(values["store_bytes"][last]) + " in live window files"),
-        ("latest point", values["latest_point_text"][last] or "none"),
-        ("expiry point", values["expiry_point_text"][last] or "none"),
+        ("remembered keys", f"{last['keys_remembered']:,} (after the last window)"),
+        ("store", human_bytes(last["store_bytes"]) + " in live window files"),
+        ("latest point", last["latest_point_text"] or "none"),
+        ("expiry point", last["expiry_point_text"] or "none"),
     ]
     out = ['<table class="summary"><tbody>']
     out += [f"<tr><th>{esc(name)}</th><td>{esc(value)}</td></tr>" for name, value in facts]
@@ -275,10 +279,10 @@ def _summary(rows: pa.Table, columns: Sequence[Column]) -> list[str]:
             f'<td class="n">{totals[port]:,}</td><td class="n">{share:.1f}%</td></tr>'
         )
     out.append("</tbody></table>")
-    size = math.ceil(len(versions) / len(columns))
+    size = math.ceil(windows / len(columns))
     if size > 1:
         out.append(
-            f'<p class="note">The charts draw {len(versions):,} windows as {len(columns):,} '
+            f'<p class="note">The charts draw {windows:,} windows as {len(columns):,} '
             f"columns of {size:,} consecutive windows each: rows summed, shares of the sums, "
             "keys, bytes and points as of each group's last window.</p>"
         )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -133,7 +133,9 @@ def row_of(manifest: Manifest) -> Row | None:
     }
 
 
-def point_text(value: float | None, settings: dict[str, Any], categories: list[str]) -> str | None:
+def point_text(
+    value: float | None, settings: Mapping[str, Any], categories: Sequence[str]
+) -> str | None:
     """A latest or expiry point as the expiry key's values read (as ``dedupsink inspect``
     shows it); None where there is none (Basic Dedup, an empty store)."""
     if value is None:
