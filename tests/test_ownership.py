@@ -112,6 +112,22 @@ def test_a_newcomer_fails_naming_an_owner_that_commits_while_it_waits(tmp_path: 
     assert "committed version 2 while streaming query newcomer waited" in message
 
 
+def test_tasks_split_by_an_owners_commit_fail_naming_the_owner(tmp_path: Path) -> None:
+    owner = sink(tmp_path, "owner")
+    owner.window(0, table([1]))
+    newcomer = sink(tmp_path, "newcomer")
+    first = newcomer.task(0, 0, table([10]).to_batches())
+    owner.window(1, table([2]))  # the owner commits between the newcomer's two tasks
+    second = newcomer.task(0, 1, table([11]).to_batches())
+    with pytest.raises(StoreOwnershipError) as caught:
+        newcomer.commit(0, [first, second])
+    message = str(caught.value)
+    assert "is in use by streaming query owner" in message
+    assert "while the tasks of streaming query newcomer ran (they read versions 1, 2)" in message
+    latest = store_of(tmp_path).read()
+    assert latest is not None and latest.version == 2, "the newcomer committed nothing"
+
+
 def test_a_fenced_run_cannot_commit_again_and_its_tasks_fail_at_once(tmp_path: Path) -> None:
     owner = sink(tmp_path, "owner")
     owner.window(0, table([1]))

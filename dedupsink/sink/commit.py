@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from dedupsink.engine.classify import PORTS, CommittedState, NewKeys, bucket_of, stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
-from dedupsink.errors import StoreConflictError
+from dedupsink.errors import StoreConflictError, StoreOwnershipError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.encoding import port_schema
@@ -37,7 +37,7 @@ from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, stag
 from dedupsink.sink.task import TaskSummary
 from dedupsink.store.format import Manifest
 from dedupsink.store.history import record_window
-from dedupsink.store.ownership import Writer, claim, now_ms
+from dedupsink.store.ownership import Writer, claim, describe_owner, now_ms
 from dedupsink.store.records import WindowCounts
 from dedupsink.store.store import GARBAGE_EVERY, BucketStore
 
@@ -92,7 +92,7 @@ def commit_window(
     identity = done[0].identity
     store, output = plan.store, plan.output
     writer = plan.writer(identity.query_id, identity.run)
-    base = _base_version(store, done, batch_id)
+    base = _base_version(store, done, writer, batch_id)
     ports = plan.ports
     ports.create_deferred_tables(plan.schema)
     finish_publication(ports, base)
@@ -130,13 +130,26 @@ def commit_window(
     return report
 
 
-def _base_version(store: BucketStore, done: list[TaskSummary], batch_id: int) -> Manifest:
+def _base_version(
+    store: BucketStore, done: list[TaskSummary], writer: Writer, batch_id: int
+) -> Manifest:
     """The version every task classified against (they must agree)."""
     bases = sorted({(s.base_version, s.store_id) for s in done})
     if len(bases) > 1:
+        versions = ", ".join(str(v) for v, _ in bases)
+        latest = store.read()
+        owner = None if latest is None else latest.owner
+        if owner is not None and owner.query != writer.query:
+            # A live query wrote between this batch's tasks: name it, as a claim would have.
+            raise StoreOwnershipError(
+                f"store {store.url} is in use by {describe_owner(owner)}: it committed "
+                f"while the tasks of {writer.describe()} ran (they read "
+                f"versions {versions}). Two queries cannot write one store at once: stop one "
+                "of them."
+            )
         raise StoreConflictError(
             f"the tasks of batch {batch_id} classified against different versions of store "
-            f"{store.url} ({', '.join(str(v) for v, _ in bases)}): another writer committed "
+            f"{store.url} ({versions}): another writer committed "
             "while they ran. Restart the query to re-run the batch."
         )
     version, store_id = bases[0]
