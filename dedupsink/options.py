@@ -27,6 +27,9 @@ EXPIRY_MODES: tuple[ExpiryMode, ...] = get_args(ExpiryMode)
 PATH = "path"
 KEYS = "keys"
 EXPIRY_KEY = "expiryKey"
+# Sequence dedup (Pulsar's design): an integer column per row that grows per producer; the
+# store keeps one number per producer (``keys``), its highest sequence id, and nothing expires.
+SEQUENCE_KEY = "sequenceKey"
 EXPIRY_MODE = "expiryMode"
 EXPIRY_PERIOD = "expiryPeriod"
 BUCKET_SPAN = "bucketSpan"
@@ -291,6 +294,7 @@ class DedupOptions:
     # None: not given. Resolution applies ASSUME_SAME_EXPIRY_DEFAULT where the option applies
     # (tupleTime, ordered) and refuses a given value where it does not.
     assume_same_expiry: bool | None = None
+    sequence_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.store_path:
@@ -348,6 +352,7 @@ class DedupOptions:
 
     def _check_combinations(self) -> None:
         self._check_iceberg()
+        self._check_sequence()
         if self.expiry_mode not in (None, "systemTime") and self.expiry_key is None:
             raise DedupOptionError(
                 EXPIRY_KEY,
@@ -380,6 +385,37 @@ class DedupOptions:
                     raise DedupOptionError(
                         option, value.text, "no value without an expiryKey or expiryMode=systemTime"
                     )
+
+    def _check_sequence(self) -> None:
+        """Sequence dedup names its producers and has nothing to expire."""
+        if self.sequence_key is None:
+            return
+        if self.keys is None:
+            raise DedupOptionError(
+                KEYS,
+                None,
+                f"the producer columns: {SEQUENCE_KEY}={self.sequence_key} keeps the highest "
+                "sequence id of each producer, so keys must name what identifies one",
+            )
+        expiry_only = (
+            (EXPIRY_KEY, self.expiry_key),
+            (EXPIRY_MODE, self.expiry_mode),
+            (EXPIRY_PERIOD, self.expiry_period and self.expiry_period.text),
+            (BUCKET_SPAN, self.bucket_span and self.bucket_span.text),
+            (MAX_EXPIRY_JUMP, self.max_expiry_jump and self.max_expiry_jump.text),
+            (
+                ASSUME_SAME_EXPIRY,
+                None if self.assume_same_expiry is None else bool_text(self.assume_same_expiry),
+            ),
+        )
+        for option, value in expiry_only:
+            if value is not None:
+                raise DedupOptionError(
+                    option,
+                    value,
+                    f"no value with {SEQUENCE_KEY}={self.sequence_key} (sequence dedup keeps "
+                    "each producer's highest sequence id, which never expires)",
+                )
 
     def _check_iceberg(self) -> None:
         iceberg_only = [
@@ -476,6 +512,7 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec(ICEBERG_TABLE, "iceberg_table", lambda _, text: text),
     OptionSpec(OWNER_TIMEOUT, "owner_timeout", parse_duration, _text_of),
     OptionSpec(ASSUME_SAME_EXPIRY, "assume_same_expiry", parse_bool, bool_text),
+    OptionSpec(SEQUENCE_KEY, "sequence_key", lambda _, text: text),
 )
 SINK_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
 

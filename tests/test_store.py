@@ -791,7 +791,7 @@ def test_a_commit_replaces_folded_segments_and_drops_the_files_left_without_buck
     supersedes = {b: [list(shared[b].ident), list(only[b].ident)] for b in range(2)}
     written = compaction_module.WrittenKeys(None, {}, supersedes, 0)
     tasks = [SimpleNamespace(written=None), SimpleNamespace(written=written)]
-    update = SimpleNamespace(tasks=tasks)
+    update = SimpleNamespace(tasks=tasks, written=[written])
     nextversion_module.apply_compaction(manifest, update)  # type: ignore[arg-type]
     assert manifest.buckets == {0: [folds[0]], 1: [folds[1]], 2: [shared[2]]}
     assert manifest.files["shared"].buckets == [2]

@@ -21,6 +21,13 @@ import pyarrow.compute as pc
 from dedupsink.engine.expiry import ExpiryValues, expiry_values
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences, key_leaves
 from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.sequence import (
+    SequenceIds,
+    group_producers,
+    highest_per_producer,
+    sequence_ids,
+    with_sequence,
+)
 from dedupsink.engine.settings import ERROR_COLUMN, Rows, Settings, column
 
 UNIQUE, DUPLICATE, EXPIRED, ERROR = 0, 1, 2, 3
@@ -47,6 +54,11 @@ class KeyIndex(Protocol):
     def remembered(
         self, buckets: np.ndarray, fps: Fingerprints, forget_at_or_below: float | None
     ) -> np.ndarray: ...
+
+    def highest(self, buckets: np.ndarray, fps: Fingerprints) -> np.ndarray:
+        """Each key's largest remembered stamp (sequence dedup: a producer's highest id), or
+        ``NO_SEQUENCE`` for a key not remembered."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,8 @@ class WindowClassifier:
         self.new_categories: list[str] = []
         self._new_category_index: dict[str, int] = {}
         self.max_stamp: float | None = None
+        # Sequence dedup: each unique row's producer and id, for the producers' new highest ids.
+        self._unique_ids: list[tuple[Fingerprints, np.ndarray]] = []
 
     def classify(self, batch: Rows) -> BatchResult:
         n = batch.num_rows
@@ -133,6 +147,7 @@ class WindowClassifier:
                         f"null key column {leaf_name!r}",
                     )
         expiry = self._expiry(batch, flag)
+        ids = self._sequence_ids(batch, flag)
         error = reasons >= 0
         ports = np.full(n, DUPLICATE, dtype=np.int8)
         ports[error] = ERROR
@@ -147,7 +162,9 @@ class WindowClassifier:
             top = expiry.values[known].max().item()
             self.max_stamp = top if self.max_stamp is None else max(self.max_stamp, top)
         candidates = np.flatnonzero(ports == DUPLICATE)
-        if len(candidates):
+        if len(candidates) and ids is not None:
+            self._decide_by_sequence(keys, ids, candidates, ports)
+        elif len(candidates):
             self._decide(keys, expiry, candidates, ports)
         texts = pa.array(reason_texts, type=pa.string())
         return BatchResult(ports, texts.take(pa.array(reasons[error], type=pa.int8())))
@@ -174,6 +191,17 @@ class WindowClassifier:
             )
         return values
 
+    def _sequence_ids(
+        self, batch: Rows, flag: Callable[[np.ndarray, str], None]
+    ) -> SequenceIds | None:
+        name = self.settings.sequence_key
+        if name is None:
+            return None
+        ids = sequence_ids(column(batch, name))
+        flag(ids.missing, f"null sequence id in {name!r}")
+        flag(ids.unreadable, f"sequence id in {name!r} is not a whole number within int64")
+        return ids
+
     def _decide(
         self,
         keys: list[pa.Array],
@@ -193,30 +221,62 @@ class WindowClassifier:
                 stamps = self._provisional_ordinals(expiry, candidates, stamps)
         # One sort of the fingerprints serves finding first copies, looking them up among the
         # window's earlier new keys, and adding the new ones to those.
-        order = np.argsort(fps.h1)
-        is_first = first_occurrences(fps, order)
-        by_h1 = order[is_first[order]]
-        queries = fps.take(by_h1)  # sorted by h1, as the lookups below search fastest
+        by_h1, queries = _distinct_by_h1(fps)
         query_buckets = self._buckets(queries, None if stamps is None else stamps[by_h1])
         unseen = ~self.index.remembered(query_buckets, queries, self.expiry_point)
-        unseen &= ~self._pending.contains(queries, presorted=True)
-        fresh_by_h1 = by_h1[unseen]
-        is_fresh = np.zeros(len(fps), dtype=bool)
-        is_fresh[fresh_by_h1] = True
-        fresh = np.flatnonzero(is_fresh)  # row order, as the unique port is written
+        fresh, by_h1_in_fresh = self._take_fresh(len(fps), by_h1, queries, unseen)
         ports[candidates[fresh]] = UNIQUE
         new_stamps = None if stamps is None else stamps[fresh]
         if self.settings.mode == "systemTime":
             new_stamps = np.full(len(fresh), WINDOW_TIME_PLACEHOLDER, dtype=np.int64)
-        position = np.empty(len(fps), dtype=np.int64)
-        position[fresh] = np.arange(len(fresh))
-        by_h1_in_fresh = position[fresh_by_h1]
         new_buckets = np.empty(len(fresh), dtype=np.int64)
         new_buckets[by_h1_in_fresh] = query_buckets[unseen]
         new = NewKeys(fps.h1[fresh], fps.h2[fresh], new_buckets, new_stamps, by_h1_in_fresh)
         self._new.append(new)
+
+    def _decide_by_sequence(
+        self, keys: list[pa.Array], ids: SequenceIds, candidates: np.ndarray, ports: np.ndarray
+    ) -> None:
+        """A row is unique if its id is above its producer's highest committed id and no
+        earlier row of the window has the same (producer, id); the window's copies of one
+        (producer, id) are found as a key mode finds copies of a key."""
+        producers = fingerprint(keys)
+        if len(candidates) < len(ports):
+            producers = producers.take(candidates)
+        sequence = ids.values[candidates]
+        groups = group_producers(producers)
+        known = groups.fingerprints  # distinct, in (h1, h2) order: sorted by h1
+        highest = self.index.highest(self._buckets(known, None), known)
+        above = np.flatnonzero(sequence > highest[groups.of_row])
+        pairs = with_sequence(producers.take(above), sequence[above])
+        by_h1, queries = _distinct_by_h1(pairs)
+        unseen = np.ones(len(by_h1), dtype=bool)
+        fresh, by_h1_in_fresh = self._take_fresh(len(pairs), by_h1, queries, unseen)
+        ports[candidates[above[fresh]]] = UNIQUE
+        fresh_ids = sequence[above[fresh]]
+        buckets = np.zeros(len(fresh), dtype=np.int64)  # (producer, id) keys are never stored
+        self._new.append(
+            NewKeys(pairs.h1[fresh], pairs.h2[fresh], buckets, fresh_ids, by_h1_in_fresh)
+        )
+        self._unique_ids.append((producers.take(above[fresh]), fresh_ids))
+
+    def _take_fresh(
+        self, count: int, by_h1: np.ndarray, queries: Fingerprints, unseen: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Of the distinct keys ``queries`` (rows ``by_h1`` of ``count``), those ``unseen`` and
+        not among the window's earlier new keys join them; returns their rows in row order
+        (as the unique port is written) and, for each in ``by_h1`` order, its place among them.
+        ``unseen`` is narrowed in place to the keys taken."""
+        unseen &= ~self._pending.contains(queries, presorted=True)
+        fresh_by_h1 = by_h1[unseen]
+        is_fresh = np.zeros(count, dtype=bool)
+        is_fresh[fresh_by_h1] = True
+        fresh = np.flatnonzero(is_fresh)
+        position = np.empty(count, dtype=np.int64)
+        position[fresh] = np.arange(len(fresh))
         added = KeySet.of_sorted(queries.h1[unseen], queries.h2[unseen])
         self._pending = self._pending.merge(added)
+        return fresh, position[fresh_by_h1]
 
     def _provisional_ordinals(
         self, expiry: ExpiryValues, candidates: np.ndarray, stamps: np.ndarray
@@ -261,6 +321,27 @@ class WindowClassifier:
         )
         self._new = [joined]  # one copy of a large window's keys, not two
         return joined
+
+    def producer_highest_ids(self) -> NewKeys:
+        """Sequence dedup: each producer of this task's unique rows with its highest id there,
+        the keys its window file remembers. Whichever partition keeps a (producer, id) copied
+        in several, it is unique in the window, so the ids of rows yielded to a lower partition
+        count too: the window's highest id of a producer is the highest over its tasks."""
+        parts = self._unique_ids
+        if not parts:
+            return NewKeys(*(np.empty(0, t) for t in (np.uint64, np.uint64, np.int64, np.int64)))
+        fps, highest = highest_per_producer(
+            Fingerprints.concat([p for p, _ in parts]), np.concatenate([i for _, i in parts])
+        )
+        return NewKeys(fps.h1, fps.h2, self._buckets(fps, None), highest)
+
+
+def _distinct_by_h1(fps: Fingerprints) -> tuple[np.ndarray, Fingerprints]:
+    """The first row of each distinct fingerprint, in ``h1`` order, and those fingerprints."""
+    order = np.argsort(fps.h1)
+    is_first = first_occurrences(fps, order)
+    by_h1 = order[is_first[order]]
+    return by_h1, fps.take(by_h1)
 
 
 def _joined_runs(parts: list[NewKeys]) -> np.ndarray | None:

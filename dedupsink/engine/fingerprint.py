@@ -84,7 +84,7 @@ def _rotl(x: np.ndarray, r: int) -> np.ndarray:
     return (x << _U64(r)) | (x >> _U64(64 - r))
 
 
-def _fmix(x: np.ndarray) -> np.ndarray:
+def fmix64(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> _U64(33))
     x = x * _F1
     x = x ^ (x >> _U64(33))
@@ -109,7 +109,7 @@ class _State:
             self.b[rows] = b
 
     def digest(self) -> Fingerprints:
-        return Fingerprints(_fmix(self.a + _rotl(self.b, 17)), _fmix(self.b ^ (self.a * _K3)))
+        return Fingerprints(fmix64(self.a + _rotl(self.b, 17)), fmix64(self.b ^ (self.a * _K3)))
 
 
 def _mix_into(a: np.ndarray, b: np.ndarray, word: np.ndarray) -> None:

@@ -19,6 +19,7 @@ from functools import cached_property
 import numpy as np
 
 from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.sequence import NO_SEQUENCE
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,24 @@ class KeySet:
             return hit
         found = np.empty_like(hit)
         found[order] = hit
+        return found
+
+    def highest(self, fps: Fingerprints) -> np.ndarray:
+        """For each query, sorted by ``h1``: its stamp here (sequence dedup: a producer's
+        highest id), or ``NO_SEQUENCE`` if it is not here."""
+        found = np.full(len(fps), NO_SEQUENCE, dtype=np.int64)
+        if len(self) == 0 or len(fps) == 0 or self.stamps is None:
+            return found
+        at = np.searchsorted(self.h1[:-1], fps.h1, side="left")  # clamped, as in contains
+        same_h1 = self.h1[at] == fps.h1
+        hit = same_h1 & (self.h2[at] == fps.h2)
+        found[hit] = self.stamps[at[hit]]
+        if self.shared_h1:  # a 64-bit collision: look along its run
+            for row in np.flatnonzero(same_h1 & ~hit):
+                run = slice(at[row], np.searchsorted(self.h1, fps.h1[row], side="right"))
+                match = np.flatnonzero(self.h2[run] == fps.h2[row])
+                if len(match):
+                    found[row] = self.stamps[run][match[0]]
         return found
 
     @cached_property

@@ -31,6 +31,7 @@ from dedupsink.options import (
     MAX_EXPIRY_JUMP,
     NUM_BUCKETS,
     OUTPUT_FORMAT_DEFAULT,
+    SEQUENCE_KEY,
     DedupOptions,
     Span,
     bool_text,
@@ -38,7 +39,7 @@ from dedupsink.options import (
     period_required,
 )
 
-Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical"]
+Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical", "sequence"]
 StampKind = Literal["int", "float"]
 # Input rows as the engine takes them: one record batch, or a table of several (a task's chunk).
 Rows: TypeAlias = pa.RecordBatch | pa.Table
@@ -90,10 +91,18 @@ class Settings:
     assume_same_expiry: bool = ASSUME_SAME_EXPIRY_DEFAULT
     # How the ports are written, fixed when the store is created like the rest.
     output_format: str = OUTPUT_FORMAT_DEFAULT
+    # Sequence dedup only: the sequence column and its type (the keys are the producers).
+    sequence_key: str | None = None
+    sequence_type: str | None = None
 
     @property
     def has_expiry(self) -> bool:
-        return self.mode != "basic"
+        return self.mode not in ("basic", "sequence")
+
+    @property
+    def by_sequence(self) -> bool:
+        """Sequence dedup: the store remembers each producer's highest sequence id, not keys."""
+        return self.mode == "sequence"
 
     @property
     def buckets_by_time(self) -> bool:
@@ -105,7 +114,8 @@ class Settings:
     @property
     def stores_stamps(self) -> bool:
         """Whether each remembered key carries its own expiry value on disk (systemTime keys
-        are written with a placeholder meaning "my window's time", real after compaction)."""
+        are written with a placeholder meaning "my window's time", real after compaction; a
+        producer of sequence dedup carries its highest sequence id)."""
         return self.mode != "basic"
 
     @property
@@ -253,6 +263,8 @@ def _in_domain(option: str, span: Span, mode: Mode, inferred_from: str | None = 
 def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
     """Resolve options against the input schema; errors name the option and the value."""
     keys, key_types = _resolve_keys(options, schema)
+    if options.sequence_key is not None:
+        return _resolve_sequence(options, schema, keys, key_types, options.sequence_key)
     mode, expiry_type, stamp_kind = _resolve_mode(options, schema)
     if mode == "basic":
         return Settings(
@@ -294,6 +306,50 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         same_expiry,
         options.output_format,
     )
+
+
+def _resolve_sequence(
+    options: DedupOptions,
+    schema: pa.Schema,
+    keys: tuple[str, ...],
+    key_types: tuple[str, ...],
+    name: str,
+) -> Settings:
+    """Sequence dedup: producers bucketed by hash, each stored with its highest sequence id."""
+    field = find_field(schema, name)
+    if field is None:
+        raise DedupOptionError(SEQUENCE_KEY, name, f"a column of the stream: one of {schema.names}")
+    if not sequence_type_fits(field.type):
+        raise DedupOptionError(
+            SEQUENCE_KEY,
+            name,
+            f"an integer column (a whole-valued float or decimal column also serves: rows whose "
+            f"value is not a whole number go to error); {name!r} has type {field.type}",
+        )
+    if name in keys:
+        raise DedupOptionError(
+            SEQUENCE_KEY,
+            name,
+            f"a column that is not one of the producer columns (keys={','.join(keys)})",
+        )
+    return Settings(
+        "sequence",
+        keys,
+        key_types,
+        None,
+        None,
+        "int",
+        None,
+        None,
+        options.hash_buckets,
+        output_format=options.output_format,
+        sequence_key=name,
+        sequence_type=str(field.type),
+    )
+
+
+def sequence_type_fits(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
 
 
 def _resolve_mode(options: DedupOptions, schema: pa.Schema) -> tuple[Mode, str | None, StampKind]:

@@ -30,11 +30,12 @@ from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import Output, PortFile
-from dedupsink.sink.compaction import KeysContext, WrittenKeys, write_window_file
+from dedupsink.sink.compaction import KeysContext, WrittenKeys, fold_producers, write_window_file
 from dedupsink.sink.nextversion import WindowUpdate, next_version
 from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
+from dedupsink.store.cache import manager_for
 from dedupsink.store.format import Manifest
 from dedupsink.store.history import record_window
 from dedupsink.store.ownership import Writer, claim, describe_owner, now_ms
@@ -103,6 +104,8 @@ def commit_window(
     try:
         moves = settle_window(output, holders, stamp_dtype(plan.settings))
         promoted = _apply_moves(plan, store, base, done, holders, moves)
+        if plan.settings.by_sequence:
+            promoted += _fold_producers(plan, store, base, done)
         schema_files = _schema_files(plan, output, base, done)
         crossed = _cross_partition(done, moves)
         update = WindowUpdate(plan, base, writer, batch_id, done, schema_files, crossed, now_ms())
@@ -234,12 +237,30 @@ def _apply_moves(
         summary = by_holder[id(move.holder)]
         summary.files = move.holder.files
         summary.counts = summary.counts.moved(move.rows, move.source, move.target)
+        if plan.settings.by_sequence:
+            continue  # the window files hold producers' highest ids, which no move changes
         if move.still_kept is not None:
             # Only partition 0 folds, and it keeps every key it found new: never demoted.
             summary.written = _window_file(plan, store, base, summary, move.still_kept)
         if move.keys is not None and len(move.keys):
             promoted.append(_window_file(plan, store, base, summary, move.keys))
     return promoted
+
+
+def _fold_producers(
+    plan: SinkPlan, store: BucketStore, base: Manifest, done: list[TaskSummary]
+) -> list[WrittenKeys]:
+    options = plan.options
+    manager = manager_for(
+        store,
+        base,
+        options.max_cached_buckets,
+        stamp_dtype(plan.settings),
+        options.max_cache_memory.nbytes,
+    )
+    written = [s.written for s in done if s.written is not None]
+    folded = fold_producers(manager, base, plan.settings, written)
+    return [] if folded is None else [folded]
 
 
 def _window_file(

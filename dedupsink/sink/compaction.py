@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dedupsink.engine.classify import NewKeys, WindowClassifier, stamp_dtype
+from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings
 from dedupsink.store.cache import BucketManager
 from dedupsink.store.format import (
@@ -39,6 +40,7 @@ from dedupsink.store.format import (
     SegmentBytes,
     WindowFile,
     concat_segments,
+    decode_segment,
     encode_segments,
 )
 from dedupsink.store.store import BucketStore, window_file_name
@@ -75,8 +77,9 @@ def choose_folds(
     new: NewKeys,
     partition: int,
 ) -> list[Fold]:
-    """The folds partition 0's task makes in this window (none for other partitions)."""
-    if partition != 0:
+    """The folds partition 0's task makes in this window (none for other partitions; none in
+    sequence dedup, whose commit folds every bucket the window touched: ``fold_producers``)."""
+    if partition != 0 or context.settings.by_sequence:
         return []
     crowded = sorted(
         (b for b, segments in manifest.buckets.items() if len(segments) > COMPACT_ABOVE_SEGMENTS),
@@ -205,6 +208,54 @@ def write_window_file(
     )
     written.segments = segments
     return written
+
+
+def fold_producers(
+    manager: BucketManager, base: Manifest, settings: Settings, written: list[WrittenKeys]
+) -> WrittenKeys | None:
+    """Sequence dedup's compaction, in the commit: every bucket the window's tasks wrote to
+    becomes one segment holding each of its producers once, with its highest id (the base's
+    keys and the tasks' merged, the largest stamp kept), superseding the base's segments and
+    the tasks'. The store then holds one entry per producer after every window, whatever the
+    number of rows, windows or partitions; the cost is a read and a write of the touched
+    buckets' producers a window (bench/sequence.py)."""
+    touched: dict[int, list[Segment]] = {}
+    for task in written:
+        for bucket, segment in task.segments.items():
+            touched.setdefault(bucket, []).append(segment)
+    if not touched:
+        return None
+    store, dtype = manager.store, stamp_dtype(settings)
+    buckets = sorted(touched)
+    new_segments = [segment for bucket in buckets for segment in touched[bucket]]
+    fetched = iter(store.fetch(new_segments))
+    parts: list[NewKeys] = []
+    for first in range(0, len(buckets), manager.cache.capacity):
+        chunk = buckets[first : first + manager.cache.capacity]
+        loaded = manager.load([b for b in chunk if b in base.buckets], None)
+        for bucket in chunk:
+            keys = [loaded[bucket].merged()] if bucket in loaded else []
+            for segment in touched[bucket]:
+                new = decode_segment(next(fetched), segment, dtype, store.data_url(segment.file))
+                keys.append(KeySet.build(new.h1, new.h2, new.stamps))
+            merged = keys[0]
+            for more in keys[1:]:
+                merged = merged.merge(more)
+            ids = np.full(len(merged), bucket, dtype=np.int64)
+            parts.append(NewKeys(merged.h1, merged.h2, ids, merged.stamps))
+    folded = NewKeys(
+        np.concatenate([p.h1 for p in parts]),
+        np.concatenate([p.h2 for p in parts]),
+        np.concatenate([p.buckets for p in parts]),
+        np.concatenate([p.stamps for p in parts if p.stamps is not None]),
+    )
+    result = write_window_file(store, base, KeysContext(settings, None), folded, 0, [])
+    result.new_keys = 0  # the tasks counted the window's new producers
+    result.supersedes = {
+        bucket: [s.ident for s in (*base.buckets.get(bucket, []), *touched[bucket])]
+        for bucket in buckets
+    }
+    return result
 
 
 def _with_decoded_folds(new: NewKeys, folds: list[tuple[int, DecodedSegment]]) -> NewKeys:

@@ -128,10 +128,8 @@ def apply_compaction(nxt: Manifest, update: WindowUpdate) -> None:
     Each file is replaced once, however many of its buckets were folded: a window folds
     dozens of segments of the same few files, and a changed file's entry is packed again."""
     folded_from: dict[str, set[int]] = {}
-    for task in update.tasks:
-        if task.written is None:
-            continue
-        for bucket, replaced in task.written.supersedes.items():
+    for written in update.written:
+        for bucket, replaced in written.supersedes.items():
             folded = {tuple(ident) for ident in replaced}
             kept: list[Segment] = []
             for segment in nxt.buckets.get(bucket, []):
@@ -160,7 +158,7 @@ def advance_latest_point(nxt: Manifest, update: WindowUpdate) -> None:
     """The largest expiry value committed so far (docs/SEMANTICS.md, rule 2)."""
     mode = update.plan.settings.mode
     previous = update.base.latest
-    if mode == "basic":
+    if mode in ("basic", "sequence"):
         nxt.latest = None
     elif mode == "categorical":
         nxt.latest = len(nxt.categories) - 1 if nxt.categories else None

@@ -139,6 +139,8 @@ class _Classified:
     new: NewKeys
     context: KeysContext
     counts: dict[str, int]
+    # Sequence dedup: the producers' highest ids, what the window file remembers instead.
+    producers: NewKeys | None = None
 
 
 def _classify(
@@ -173,7 +175,8 @@ def _classify(
             counts[port] += rows.num_rows
     summary.max_stamp = classifier.max_stamp
     summary.new_categories = classifier.new_categories
-    return _Classified(held, classifier.new_keys(), KeysContext.of(classifier), counts)
+    producers = classifier.producer_highest_ids() if plan.settings.by_sequence else None
+    return _Classified(held, classifier.new_keys(), KeysContext.of(classifier), counts, producers)
 
 
 def _settle(
@@ -204,6 +207,8 @@ def _settle(
     counts["unique"] += (0 if held is None else held.num_rows) - yielded
     counts["duplicate"] += yielded
     summary.counts = WindowCounts(**counts)
+    if classified.producers is not None:
+        return classified.producers
     return _kept(new, settled.yielded)  # the keeping partition remembers the yielded keys
 
 

@@ -108,6 +108,10 @@ class CachedBucket:
                 break
         return found
 
+    def highest(self, fps: Fingerprints) -> np.ndarray:
+        """Each query's largest stamp in this bucket (queries sorted by ``h1``)."""
+        return np.maximum.reduce([keys.highest(fps) for keys in self.sets])
+
     def added(
         self, parts: list[KeySet], segments: frozenset[tuple[str, int]], forget: float | None
     ) -> CachedBucket:
@@ -461,6 +465,20 @@ class BucketManager:
                     found[rows[start:end]] = loaded[bucket].contains(
                         queries[start:end], forget_at_or_below
                     )
+        return found
+
+    def highest(self, buckets: np.ndarray, fps: Fingerprints) -> np.ndarray:
+        """Each query's largest remembered stamp (``KeyIndex.highest``): sequence dedup's
+        lookup of its producers, few, so without the filter ``remembered`` passes them by."""
+        found = np.empty(len(fps), dtype=np.int64)
+        by_h1 = None if _ascending(fps.h1) else np.argsort(fps.h1)
+        order, spans = group_by_bucket(buckets, within=by_h1)
+        for first in range(0, len(spans), self.cache.capacity):
+            chunk = spans[first : first + self.cache.capacity]
+            loaded = self.load([bucket for bucket, _, _ in chunk], None)
+            for bucket, start, end in chunk:
+                rows = order[start:end]
+                found[rows] = loaded[bucket].highest(fps.take(rows))
         return found
 
     def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, CachedBucket]:

@@ -36,6 +36,7 @@ from dedupsink.options import (
     NUM_BUCKETS,
     OUTPUT_FORMAT,
     OUTPUT_FORMAT_DEFAULT,
+    SEQUENCE_KEY,
     STORE_PATH,
     bool_text,
     human_span,
@@ -59,6 +60,9 @@ _FETCH_THREADS = 8
 # Segments of one window file closer than this are fetched with one ranged read.
 _COALESCE_GAP = 1 << 20
 _SETTING_OPTIONS = {
+    # Before the mode, which follows from it: a store of the other kind is named by this option.
+    "sequence_key": SEQUENCE_KEY,
+    "sequence_type": SEQUENCE_KEY,
     "mode": EXPIRY_MODE,
     "keys": KEYS,
     "key_types": KEYS,
@@ -77,6 +81,8 @@ _SETTING_OPTIONS = {
 _SETTING_DEFAULTS: dict[str, Any] = {
     "assume_same_expiry": ASSUME_SAME_EXPIRY_DEFAULT,
     "output_format": OUTPUT_FORMAT_DEFAULT,
+    "sequence_key": None,
+    "sequence_type": None,
 }
 _fetch_pool: ThreadPoolExecutor | None = None
 
@@ -477,6 +483,8 @@ def _setting_text(name: str, settings: dict[str, Any]) -> object:
         return human_span(value, settings)
     if name == "mode" and value == "basic":
         return "none (Basic Dedup: no expiryKey)"
+    if name == "sequence_key" and value is None:
+        return "none (dedup by key, not by sequence)"
     if name == "keys":
         return ",".join(value or [])
     if name == "assume_same_expiry":
