@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DATA_SETS = ("customers", "system-logs", "transactions", "cities")
+DATA_SETS = ("customers", "system-logs", "transactions", "cities", "cdc")
 # 2024-01-01T00:00:00Z: a fixed base keeps the modification times reproducible.
 MTIME_BASE = 1_704_067_200
 
@@ -286,12 +286,48 @@ def cities(rng: random.Random) -> dict[str, list[Row]]:
     }
 
 
+# -- cdc: change events of three source databases, each with a growing log sequence number ---
+
+SOURCES = ("orders-db", "billing-db", "users-db")
+TABLES = {"orders-db": "orders", "billing-db": "invoices", "users-db": "users"}
+
+
+def change(rng: random.Random, source: str, lsn: int | None) -> Row:
+    return {
+        "source": source,
+        "lsn": lsn,
+        "table": TABLES[source],
+        "op": rng.choice(["insert", "update", "update", "delete"]),
+        "row_key": rng.randint(1, 500),
+    }
+
+
+def cdc(rng: random.Random) -> dict[str, list[Row]]:
+    """Each source's LSNs grow with gaps; a connector restart re-delivers a source's last
+    changes (duplicates, in the same file and the next); a change without an LSN is an error."""
+    lsns = {source: 1000 * (number + 1) for number, source in enumerate(SOURCES)}
+    files: dict[str, list[Row]] = {}
+    previous: list[Row] = []
+    for number in range(1, 4):
+        rows = []
+        for source in SOURCES:
+            for _ in range(25):
+                lsns[source] += rng.choice([1, 1, 1, 2, 5])  # gaps: LSNs of other tables
+                rows.append(change(rng, source, lsns[source]))
+        replayed = [dict(r) for r in rng.sample(rows, 6) + rng.sample(previous or rows, 8)]
+        out = shuffled_in(rng, rows, [*replayed, change(rng, rng.choice(SOURCES), None)])
+        files[f"changes-{number}.jsonl"] = out
+        previous = rows
+    return files
+
+
 def write_all() -> None:
     builders = {
         "customers": customers,
         "system-logs": system_logs,
         "transactions": transactions,
         "cities": cities,
+        "cdc": cdc,
     }
     for name, build in builders.items():
         folder = HERE / name

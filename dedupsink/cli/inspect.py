@@ -12,10 +12,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from dedupsink.cli.config import resolve_path
 from dedupsink.cli.display import human_bytes, point_text, table, utc_text
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
+from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.sequence import highest_per_producer
 from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
@@ -29,6 +33,7 @@ from dedupsink.options import (
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.formats import port_format
 from dedupsink.ports.output import Output
+from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner
@@ -106,6 +111,8 @@ def report(location: Location) -> dict[str, Any]:
         return result
     ports = location.ports(manifest)
     result.update(_store_part(manifest, ports))
+    if manifest.settings.get("mode") == "sequence":
+        result["producers"] = _producers_part(store, manifest)
     result["ports"] = _ports_part(manifest, ports)
     return result
 
@@ -143,6 +150,18 @@ def _store_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
         and ports is not None
         and not ports.is_published(manifest.publication, manifest.store_id),
     }
+
+
+def _producers_part(store: BucketStore, manifest: Manifest) -> dict[str, Any]:
+    """Sequence dedup: how many producers the store holds and the range of their highest ids
+    (every segment read: one entry a producer, few next to a key mode's keys)."""
+    reader = BucketManager(store, BucketCache(1), np.dtype(np.int64)).use(manifest)
+    segments = [segment for kept in manifest.buckets.values() for segment in kept]
+    keys = reader.read_segments(segments)
+    if keys.stamps is None or len(keys.h1) == 0:
+        return {"count": 0, "lowest": None, "highest": None}
+    _, highest = highest_per_producer(Fingerprints(keys.h1, keys.h2), keys.stamps)
+    return {"count": len(highest), "lowest": int(highest.min()), "highest": int(highest.max())}
 
 
 def _last_window_part(manifest: Manifest) -> dict[str, Any] | None:
@@ -211,12 +230,16 @@ def render(data: dict[str, Any]) -> str:
         f"settings    {settings_text(settings)}",
         f"windows     {data['windows']} committed{_last_window_text(data['last_window'])}",
     ]
-    if settings.get("mode") != "basic":
+    index, disk = data["index"], data["disk"]
+    remembered = f"{data['remembered_keys']} keys"
+    if "producers" in data:
+        lines.append(f"producers   {_producers_text(data['producers'])}")
+        remembered = f"{data['producers']['count']} producers"
+    elif settings.get("mode") != "basic":
         lines.append(f"latest      {data['latest']['text']}")
         lines.append(f"expiry      {data['expiry_point']['text']}  (rows at or before it expire)")
-    index, disk = data["index"], data["disk"]
     lines += [
-        f"remembered  {data['remembered_keys']} keys in {index['window_files']} window files "
+        f"remembered  {remembered} in {index['window_files']} window files "
         f"({human_bytes(index['bytes'])})",
         f"on disk     {disk['window_files']} window files, {human_bytes(disk['bytes'])}",
         f"owner       {_owner_text(data['owner'])}",
@@ -225,6 +248,15 @@ def render(data: dict[str, Any]) -> str:
         lines.append("            the last window's ports are not fully published yet")
     lines += _ports_text(data)
     return "\n".join(lines)
+
+
+def _producers_text(producers: dict[str, Any]) -> str:
+    if not producers["count"]:
+        return "none yet"
+    return (
+        f"{producers['count']}, their highest sequence ids from {producers['lowest']} to "
+        f"{producers['highest']} (nothing expires)"
+    )
 
 
 def settings_text(settings: dict[str, Any]) -> str:
@@ -238,6 +270,11 @@ def _mode_text(settings: dict[str, Any]) -> str:
     keys = ", ".join(settings.get("keys") or [])
     if mode == "basic":
         return f"Basic Dedup on keys {keys}, {settings.get('bucket_count')} hash buckets"
+    if mode == "sequence":
+        return (
+            f"sequence dedup of producers {keys} by sequenceKey {settings.get('sequence_key')} "
+            f"({settings.get('sequence_type')}), {settings.get('bucket_count')} hash buckets"
+        )
     text = f"{mode} on keys {keys}"
     if settings.get("expiry_key"):
         text += f", expiryKey {settings['expiry_key']} ({settings.get('expiry_type')})"

@@ -151,7 +151,9 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     window = min(manifest.files[file].window for file, _ in alive)
     result: dict[str, Any] = {"window": window, "stamp": stamp, "stamp_text": text(stamp)}
     result.update(_history_of(location, manifest, window))
-    if stamp is None or settings.period is None:
+    if settings.by_sequence:
+        result["forgotten_when"] = "never: sequence dedup keeps each producer's highest id for good"
+    elif stamp is None or settings.period is None:
         result["forgotten_when"] = "never: Basic Dedup remembers every key for good"
     else:
         forget = stamp + settings.period
@@ -320,6 +322,8 @@ def _why_not(
         )
     if settings.mode == "basic":
         return "never seen: no committed window stored this key (Basic Dedup forgets nothing)"
+    if settings.by_sequence:
+        return "never seen: no committed window has a unique row of this producer"
     if expiry_point is None:
         return "never seen: no committed window stored this key (nothing has expired yet)"
     if known_stamp is not None and known_stamp <= expiry_point:
@@ -377,6 +381,14 @@ def render(result: LookupResult) -> str:
         moment = dt.datetime.fromisoformat(result.committed_at)
         when = utc_text((moment - _EPOCH) // dt.timedelta(microseconds=1))
         since += f" (query {result.query_id}, batch {result.batch_id}, committed {when})"
+    if result.mode == "sequence":
+        lines.append(f"remembered  yes, its entry in the window file of {since}")
+        lines.append(
+            f"highest id  {result.stamp_text}: a row of this producer is unique only with a "
+            "higher sequence id"
+        )
+        lines.append(f"forgotten   {result.forgotten_when}")
+        return "\n".join(lines)
     lines.append(f"remembered  yes, since {since}")
     if result.stamp_text is not None:
         lines.append(f"stamp       {result.stamp_text}")

@@ -263,11 +263,12 @@ class WindowWatcher:
         self.query_id = window.query
         self.windows.append(window)
         ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
+        state = f"{window.new_keys} new keys, {window.dropped_keys} forgotten"
+        if manifest.settings.get("mode") == "sequence":
+            state = f"{window.new_keys} producers advanced"
         print(
             f"batch {window.batch:>3} (window {manifest.totals.get('windows', '?')}): "
-            f"{window.counts.total:>5} rows  "
-            f"{ports}  | {window.new_keys} new keys, "
-            f"{window.dropped_keys} forgotten",
+            f"{window.counts.total:>5} rows  {ports}  | {state}",
             file=self.out,
             flush=True,
         )
@@ -428,8 +429,9 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
     if manifest is None:
         return [f"Store {store.url}: empty"]
     files, nbytes = store.disk_usage()
+    kept = "producers" if manifest.settings.get("mode") == "sequence" else "remembered keys"
     lines = [
-        f"Store {store.url}: {manifest.remembered_keys} remembered keys; on disk "
+        f"Store {store.url}: {manifest.remembered_keys} {kept}; on disk "
         f"{files} window files, {human_bytes(nbytes)}"
     ]
     settings = manifest.settings
