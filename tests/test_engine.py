@@ -38,6 +38,7 @@ from dedupsink.engine.classify import (
 )
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences
 from dedupsink.engine.keyset import KeyFilter, KeySet
+from dedupsink.engine.sequence import NO_SEQUENCE, sequence_ids, with_sequence
 from dedupsink.engine.settings import ERROR_COLUMN, Settings, resolve
 from dedupsink.options import DedupOptions
 
@@ -956,6 +957,51 @@ def test_keyset_lookup_respects_the_expiry_point_and_shared_h1(seed: int) -> Non
             for a, b in zip(q1.tolist(), q2.tolist(), strict=True)
         ]
         assert found == expected, point
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_keyset_highest_gives_each_keys_largest_stamp_with_shared_h1(seed: int) -> None:
+    h1, h2, stamps = crowded_keys(seed, 30)
+    keys, model = KeySet.build(h1, h2, stamps), as_model(h1, h2, stamps)
+    q1, q2, _ = crowded_keys(seed + 100, 50)
+    order = np.argsort(q1, kind="stable")
+    q1, q2 = q1[order], q2[order]
+    found = keys.highest(Fingerprints(q1, q2)).tolist()
+    expected = [
+        model.get((a, b), NO_SEQUENCE) for a, b in zip(q1.tolist(), q2.tolist(), strict=True)
+    ]
+    assert found == expected
+
+
+def test_sequence_ids_read_whole_numbers_of_any_numeric_type_and_flag_the_rest() -> None:
+    cases: list[tuple[pa.Array, list[int | None], list[str]]] = [
+        (pa.array([1, None, -3], pa.int8()), [1, None, -3], ["ok", "null", "ok"]),
+        (pa.array([7, 2**64 - 1], pa.uint64()), [7, None], ["ok", "bad"]),
+        (
+            pa.array([2.0, 1.5, math.nan, math.inf, 2.0**63, None]),
+            [2, None, None, None, None, None],
+            ["ok", "bad", "bad", "bad", "bad", "null"],
+        ),
+        (
+            pa.array([Decimal("12.00"), Decimal("0.50"), Decimal("1e25")], pa.decimal128(30, 2)),
+            [12, None, None],
+            ["ok", "bad", "bad"],
+        ),
+    ]
+    for array, values, states in cases:
+        ids = sequence_ids(array)
+        flags = zip(ids.missing, ids.unreadable, strict=True)
+        seen = ["null" if missing else "bad" if bad else "ok" for missing, bad in flags]
+        assert seen == states, array.type
+        kept = [int(v) if s == "ok" else None for v, s in zip(ids.values, states, strict=True)]
+        assert kept == values, array.type
+
+
+def test_a_producers_sequence_keys_differ_by_id_and_from_other_producers() -> None:
+    producers = fingerprint([pa.array(["a", "a", "b", "a"])])
+    pairs = with_sequence(producers, np.array([1, 2, 1, 1], dtype=np.int64))
+    keys = list(zip(pairs.h1.tolist(), pairs.h2.tolist(), strict=True))
+    assert keys[0] == keys[3] and len({keys[0], keys[1], keys[2]}) == 3
 
 
 def test_keyset_lookup_at_its_lowest_stamp_and_past_its_last_key() -> None:
