@@ -99,7 +99,8 @@ def run_windows(options: dict[str, str], windows: list[list[Row]]) -> None:
 
 
 def as_rows(table: pa.Table) -> Counter[Row]:
-    return Counter(zip(table.column("producer").to_pylist(), table.column("seq").to_pylist()))
+    producers, ids = table.column("producer").to_pylist(), table.column("seq").to_pylist()
+    return Counter(zip(producers, ids, strict=True))
 
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
