@@ -106,3 +106,35 @@ class ReferenceDedup:
         if self.mode == "categorical" and self.categories:
             self.latest = len(self.categories) - 1
         return ports
+
+
+@dataclass
+class ReferenceSequence:
+    """Sequence dedup (docs/SEMANTICS.md, "Sequence dedup"): each producer's highest id of the
+    unique rows of earlier windows; ``producer`` returns the producer tuple (None if any part
+    is null), ``sequence`` the id (None if null, ``BAD`` if not a whole number)."""
+
+    highest: dict[Hashable, int] = field(default_factory=dict)
+
+    def window(
+        self,
+        rows: Sequence[dict[str, Any]],
+        producer: Callable[[dict[str, Any]], Hashable | None],
+        sequence: Callable[[dict[str, Any]], Any],
+    ) -> list[str]:
+        """Classify one window's rows in order (the first copy of a (producer, id) is the
+        unique one); returns the port of each row."""
+        seen_now: set[tuple[Hashable, int]] = set()
+        ports: list[str] = []
+        for row in rows:
+            p, s = producer(row), sequence(row)
+            if p is None or s is None or s is BAD:
+                ports.append(ERROR)
+            elif s <= self.highest.get(p, s - 1) or (p, s) in seen_now:
+                ports.append(DUPLICATE)
+            else:
+                seen_now.add((p, s))
+                ports.append(UNIQUE)
+        for p, s in seen_now:
+            self.highest[p] = max(self.highest.get(p, s), s)
+        return ports

@@ -25,7 +25,7 @@ from typing import Any
 import fsspec
 import pyarrow.dataset as ds
 import pytest
-from reference import ReferenceDedup
+from reference import ReferenceDedup, ReferenceSequence
 
 from dedupsink.cli.inspect import locate, report
 from dedupsink.cli.run import remove_checkpoint
@@ -105,6 +105,10 @@ CASES = {
         key=lambda r: _all_present(_int(r.get("serial"))),
         period=HOUR_US,
     ),
+    # The producer is the key; the value its sequence id (the LSN).
+    "cdc-sequence": Case(
+        "cdc", "sequence", key=lambda r: _all_present(r.get("source")), value=lambda r: r["lsn"]
+    ),
 }
 
 
@@ -125,6 +129,7 @@ def windows_of(folder: Path) -> list[list[Row]]:
 def expected_runs(case: Case, runs: int) -> list[Counter[str]]:
     """Port counts of each run: every run reads all the files again, one window per file."""
     model = ReferenceDedup(case.mode, case.period)
+    sequence = ReferenceSequence()
     windows = windows_of(ROOT / "data" / case.data)
     if case.one_window:
         windows = [[row for rows in windows for row in rows]]
@@ -134,6 +139,9 @@ def expected_runs(case: Case, runs: int) -> list[Counter[str]]:
         counts: Counter[str] = Counter()
         for rows in windows:
             clock += 1_000_000  # systemTime: a second between batches, far below the period
+            if case.mode == "sequence":
+                counts.update(sequence.window(rows, case.key, case.value))
+                continue
             counts.update(model.window(rows, case.key, case.value, window_time=clock))
         results.append(counts)
     return results
@@ -243,7 +251,7 @@ def test_sample_data_feeds_every_port() -> None:
     expires in a store's first window (no expiry point yet): a backfill's one window."""
     for name, case in CASES.items():
         counts = expected_runs(case, 1)[0]
-        no_expiry = case.mode in ("basic", "systemTime") or case.one_window
+        no_expiry = case.mode in ("basic", "systemTime", "sequence") or case.one_window
         wanted = [p for p in PORTS if not (p == "expired" and no_expiry)]
         assert all(counts[port] > 0 for port in wanted), (name, counts)
 
@@ -256,6 +264,7 @@ def test_sample_data_feeds_every_port() -> None:
         "cities-categorical",
         "system-time",
         "system-logs-backfill",
+        "cdc-sequence",
     ],
 )
 def test_run_matches_the_reference(
