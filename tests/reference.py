@@ -2,7 +2,8 @@
 
 It holds every remembered key in a dict and walks rows one at a time: slow and obvious. Rows
 are dicts; ``key`` returns the key tuple (None if any part is null), ``value`` the expiry
-value (None if null, ``BAD`` if it cannot be interpreted).
+value (None if null, ``BAD`` if it cannot be interpreted). ``ReferenceSequence`` models
+sequence dedup (``sequenceKey``) the same way, with each producer's highest id in a dict.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 BAD = object()
@@ -108,11 +110,34 @@ class ReferenceDedup:
         return ports
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def whole_number(value: Any) -> Any:
+    """A sequence id as sequence dedup reads it: an int, None (null) or ``BAD`` (a fraction,
+    NaN, an infinity, a value beyond int64), for int, float and Decimal values alike."""
+    if value is None:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return BAD
+    if isinstance(value, Decimal) and not value.is_finite():
+        return BAD
+    number = int(value)
+    if number != value or not INT64_MIN <= number <= INT64_MAX:
+        return BAD
+    return number
+
+
 @dataclass
 class ReferenceSequence:
-    """Sequence dedup (docs/SEMANTICS.md, "Sequence dedup"): each producer's highest id of the
-    unique rows of earlier windows; ``producer`` returns the producer tuple (None if any part
-    is null), ``sequence`` the id (None if null, ``BAD`` if not a whole number)."""
+    """Sequence dedup (``sequenceKey``), row by row: ``highest`` holds each producer's highest
+    sequence id among the unique rows of the windows classified so far.
+
+    In a window a row is an error if its producer or its id is null or unreadable; a duplicate
+    if its id is at or below its producer's highest id of the earlier windows, or if an earlier
+    row of this window has the same (producer, id); unique otherwise. Only after the window do
+    the producers' highest ids move: ids of one window are compared with the earlier windows'
+    highest, never with each other's."""
 
     highest: dict[Hashable, int] = field(default_factory=dict)
 
@@ -122,19 +147,19 @@ class ReferenceSequence:
         producer: Callable[[dict[str, Any]], Hashable | None],
         sequence: Callable[[dict[str, Any]], Any],
     ) -> list[str]:
-        """Classify one window's rows in order (the first copy of a (producer, id) is the
-        unique one); returns the port of each row."""
-        seen_now: set[tuple[Hashable, int]] = set()
+        """Classify one window's rows in order; returns the port of each row. ``producer``
+        gives None if any producer column is null, ``sequence`` an int, None or ``BAD``."""
+        before = dict(self.highest)
+        kept: set[tuple[Hashable, int]] = set()
         ports: list[str] = []
         for row in rows:
             p, s = producer(row), sequence(row)
             if p is None or s is None or s is BAD:
                 ports.append(ERROR)
-            elif s <= self.highest.get(p, s - 1) or (p, s) in seen_now:
+            elif (p in before and s <= before[p]) or (p, s) in kept:
                 ports.append(DUPLICATE)
             else:
-                seen_now.add((p, s))
+                kept.add((p, s))
+                self.highest[p] = max(s, self.highest.get(p, s))
                 ports.append(UNIQUE)
-        for p, s in seen_now:
-            self.highest[p] = max(self.highest.get(p, s), s)
         return ports

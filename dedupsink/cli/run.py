@@ -265,7 +265,7 @@ class WindowWatcher:
         ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
         state = f"{window.new_keys} new keys, {window.dropped_keys} forgotten"
         if manifest.settings.get("mode") == "sequence":
-            state = f"{window.new_keys} producers advanced"
+            state = f"{window.new_keys} new producers"
         print(
             f"batch {window.batch:>3} (window {manifest.totals.get('windows', '?')}): "
             f"{window.counts.total:>5} rows  {ports}  | {state}",

@@ -22,6 +22,7 @@ from dedupsink.engine.expiry import ExpiryValues, expiry_values
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences, key_leaves
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.sequence import (
+    NO_SEQUENCE,
     SequenceIds,
     group_producers,
     highest_per_producer,
@@ -246,8 +247,13 @@ class WindowClassifier:
         sequence = ids.values[candidates]
         groups = group_producers(producers)
         known = groups.fingerprints  # distinct, in (h1, h2) order: sorted by h1
-        highest = self.index.highest(self._buckets(known, None), known)
-        above = np.flatnonzero(sequence > highest[groups.of_row])
+        buckets = self._buckets(known, None)
+        is_above = sequence > self.index.highest(buckets, known)[groups.of_row]
+        lowest = sequence == NO_SEQUENCE
+        if lowest.any():  # the lowest int64 is above no id: new only as a producer's first
+            remembered = self.index.remembered(buckets, known, None)
+            is_above |= lowest & ~remembered[groups.of_row]
+        above = np.flatnonzero(is_above)
         pairs = with_sequence(producers.take(above), sequence[above])
         by_h1, queries = _distinct_by_h1(pairs)
         unseen = np.ones(len(by_h1), dtype=bool)

@@ -230,11 +230,13 @@ def fold_producers(
     new_segments = [segment for bucket in buckets for segment in touched[bucket]]
     fetched = iter(store.fetch(new_segments))
     parts: list[NewKeys] = []
+    known = 0  # producers the base held in these buckets
     for first in range(0, len(buckets), manager.cache.capacity):
         chunk = buckets[first : first + manager.cache.capacity]
         loaded = manager.load([b for b in chunk if b in base.buckets], None)
         for bucket in chunk:
             keys = [loaded[bucket].merged()] if bucket in loaded else []
+            known += sum(len(k) for k in keys)
             for segment in touched[bucket]:
                 new = decode_segment(next(fetched), segment, dtype, store.data_url(segment.file))
                 keys.append(KeySet.build(new.h1, new.h2, new.stamps))
@@ -250,7 +252,7 @@ def fold_producers(
         np.concatenate([p.stamps for p in parts if p.stamps is not None]),
     )
     result = write_window_file(store, base, KeysContext(settings, None), folded, 0, [])
-    result.new_keys = 0  # the tasks counted the window's new producers
+    result.new_keys = len(folded.h1) - known  # the producers the window added (tasks count 0)
     result.supersedes = {
         bucket: [s.ident for s in (*base.buckets.get(bucket, []), *touched[bucket])]
         for bucket in buckets

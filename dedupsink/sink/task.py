@@ -124,6 +124,8 @@ def run_task(
     folds = choose_folds(manager, manifest, context, new, identity.partition)
     summary.written = write_window_file(store, manifest, context, new, identity.partition, folds)
     written = summary.written
+    if plan.settings.by_sequence:
+        written.new_keys = 0  # a task cannot tell a new producer: the commit's fold counts them
     manager.note_written(manifest.version + 1, new, written.segments, written.supersedes)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
