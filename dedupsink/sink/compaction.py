@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dedupsink.engine.classify import NewKeys, WindowClassifier, stamp_dtype
-from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.classify import NewKeys, WindowClassifier, bucket_of, stamp_dtype
+from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.sequence import highest_per_producer
 from dedupsink.engine.settings import Settings
 from dedupsink.store.cache import BucketManager
 from dedupsink.store.format import (
@@ -227,30 +228,26 @@ def fold_producers(
         return None
     store, dtype = manager.store, stamp_dtype(settings)
     buckets = sorted(touched)
-    new_segments = [segment for bucket in buckets for segment in touched[bucket]]
-    fetched = iter(store.fetch(new_segments))
-    parts: list[NewKeys] = []
-    known = 0  # producers the base held in these buckets
+    lanes: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
     for first in range(0, len(buckets), manager.cache.capacity):
-        chunk = buckets[first : first + manager.cache.capacity]
-        loaded = manager.load([b for b in chunk if b in base.buckets], None)
-        for bucket in chunk:
-            keys = [loaded[bucket].merged()] if bucket in loaded else []
-            known += sum(len(k) for k in keys)
-            for segment in touched[bucket]:
-                new = decode_segment(next(fetched), segment, dtype, store.data_url(segment.file))
-                keys.append(KeySet.build(new.h1, new.h2, new.stamps))
-            merged = keys[0]
-            for more in keys[1:]:
-                merged = merged.merge(more)
-            ids = np.full(len(merged), bucket, dtype=np.int64)
-            parts.append(NewKeys(merged.h1, merged.h2, ids, merged.stamps))
-    folded = NewKeys(
-        np.concatenate([p.h1 for p in parts]),
-        np.concatenate([p.h2 for p in parts]),
-        np.concatenate([p.buckets for p in parts]),
-        np.concatenate([p.stamps for p in parts if p.stamps is not None]),
+        chunk = [b for b in buckets[first : first + manager.cache.capacity] if b in base.buckets]
+        for entry in manager.load(chunk, None).values():
+            keys = entry.merged()  # one set, as the last fold left it, unless the cache split it
+            lanes.append((keys.h1, keys.h2, keys.stamps))
+    known = sum(len(h1) for h1, _, _ in lanes)  # producers the base held in these buckets
+    new_segments = [segment for bucket in buckets for segment in touched[bucket]]
+    for segment, raw in zip(new_segments, store.fetch(new_segments), strict=True):
+        new = decode_segment(raw, segment, dtype, store.data_url(segment.file))
+        lanes.append((new.h1, new.h2, new.stamps))
+    # One grouped maximum over every touched bucket: a merge a bucket cost more in calls than
+    # in keys (bench/RESULTS.md, "sequence.py").
+    producers, highest = highest_per_producer(
+        Fingerprints(
+            np.concatenate([h1 for h1, _, _ in lanes]), np.concatenate([h2 for _, h2, _ in lanes])
+        ),
+        np.concatenate([stamps for _, _, stamps in lanes if stamps is not None]),
     )
+    folded = NewKeys(producers.h1, producers.h2, bucket_of(settings, producers, None), highest)
     result = write_window_file(store, base, KeysContext(settings, None), folded, 0, [])
     result.new_keys = len(folded.h1) - known  # the producers the window added (tasks count 0)
     result.supersedes = {
