@@ -96,6 +96,15 @@ def run_windows(options: dict[str, str], windows: list[list[Row]]) -> None:
         producers = {p for window in windows[: batch_id + 1] for p, s in window if p and s}
         assert sum(counts) == manifest.remembered_keys == len(producers), "one entry a producer"
         assert all(len(segments) == 1 for segments in manifest.buckets.values())
+        # The tasks' window files, folded by the commit that added them, are gone at once.
+        written_now = {
+            n
+            for n in store.storage.entries(store.path("data"))
+            if n.startswith(f"w{manifest.version:010d}-")
+        }
+        assert written_now == {
+            n for n in manifest.files if n.startswith(f"w{manifest.version:010d}-")
+        }
 
 
 def as_rows(table: pa.Table) -> Counter[Row]:

@@ -127,6 +127,8 @@ def commit_window(
     else:  # the garbage collection sweeps the staging folders, but not the tables' folders
         output.discard_outside(done[0].folder, staged)
     record_window(store, nxt)
+    if plan.settings.by_sequence:
+        store.discard_window_files(_folded_at_once(done, nxt))
     _collect_garbage(store, output, nxt, writer.run)
     report = _report(plan, nxt, done, writer, batch_id)
     log.info(report.line())
@@ -245,6 +247,13 @@ def _apply_moves(
         if move.keys is not None and len(move.keys):
             promoted.append(_window_file(plan, store, base, summary, move.keys))
     return promoted
+
+
+def _folded_at_once(done: list[TaskSummary], nxt: Manifest) -> list[str]:
+    """The tasks' window files this version both added and dropped (sequence dedup's fold):
+    live in no version, so no reader ever reads them."""
+    written = [s.written.window_file.name for s in done if s.written and s.written.window_file]
+    return [name for name in written if name not in nxt.files]
 
 
 def _fold_producers(

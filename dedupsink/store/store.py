@@ -362,6 +362,13 @@ class BucketStore:
         )
         return files
 
+    def discard_window_files(self, names: list[str]) -> None:
+        """Delete window files that no version ever listed as live (a sequence store's tasks'
+        files, folded by the very commit that added them); the collection would otherwise
+        keep them until it next runs."""
+        if names:
+            self.storage.delete([self.data_path(name) for name in names])
+
     def disk_usage(self) -> tuple[int, int]:
         """(number of window files, bytes) under data/."""
         entries = self.storage.entries(self.path(DATA_DIR))
