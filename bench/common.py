@@ -427,8 +427,12 @@ def process_role(process: psutil.Process, root: int) -> str:
 
 
 def python_count(roles: list[tuple[str, int]]) -> int:
-    """The Python processes among a sample's roles (all but the JVM)."""
-    return sum(1 for role, _ in roles if role != JVM_ROLE)
+    """The Python processes among a sample's roles: the driver's, Spark's daemons and their
+    workers (not the JVM, nor a program the JVM runs for a moment)."""
+    return sum(1 for role, _ in roles if role == DRIVER_ROLE or role.endswith(PYTHON_ROLES))
+
+
+PYTHON_ROLES = (" daemon", " worker")
 
 
 class TreeSampler:

@@ -108,6 +108,7 @@ from common import (
     local_session_builder,
     median,
     print_machine,
+    python_count,
     python_floor_source,
 )
 
@@ -476,6 +477,12 @@ def role_sizes(roles: list[list[Any]]) -> dict[str, int]:
     return sizes
 
 
+def python_pss(roles: list[list[Any]]) -> int:
+    """The PSS of a sample's Python processes (the JVM's varies with its garbage collector by
+    some hundreds of MB from run to run, the same code and input)."""
+    return sum(pss for role, pss in roles if python_count([(role, pss)]))
+
+
 def print_memory_by_role(results: dict[str, list[dict[str, Any]]]) -> None:
     """Per variant: the PSS of each process by its role at the tree's PSS peak and at the end
     of the stream (medians of the runs), and how many Python processes were alive then."""
@@ -486,15 +493,18 @@ def print_memory_by_role(results: dict[str, list[dict[str, Any]]]) -> None:
             continue
         peaks = [role_sizes(r["peak_roles"]) for r in timed]
         ends = [role_sizes(r["end_roles"]) for r in timed]
+        python = median([python_pss(r["peak_roles"]) for r in timed]) / 2**20
         print(
             f"  {variant}: peak {median([r['peak_tree_pss'] for r in timed]) / 2**20:,.0f} MB "
-            f"with {median([r['peak_python'] for r in timed]):.0f} Python processes, "
-            f"end {median([sum(e.values()) for e in ends]) / 2**20:,.0f} MB with "
-            f"{median([r['end_python'] for r in timed]):.0f}"
+            f"with {median([r['peak_python'] for r in timed]):.0f} Python processes "
+            f"({python:,.0f} MB of it), end {median([sum(e.values()) for e in ends]) / 2**20:,.0f}"
+            f" MB with {median([r['end_python'] for r in timed]):.0f}"
         )
         for label in sorted({name for sizes in peaks + ends for name in sizes}):
             at_peak = median([sizes.get(label, 0) for sizes in peaks]) / 2**20
             at_end = median([sizes.get(label, 0) for sizes in ends]) / 2**20
+            if at_peak < 0.5 and at_end < 0.5:
+                continue  # a program the JVM ran for a moment (its launcher, a shell)
             print(f"    {label:<36}{at_peak:>8,.0f}{at_end:>8,.0f}")
 
 
