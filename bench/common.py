@@ -378,7 +378,9 @@ def process_tree(root: psutil.Process) -> list[psutil.Process]:
     """``root`` and every process below it.
 
     A child the JVM is spawning (``posix_spawn``) shares the JVM's memory until it executes its
-    program; it would count the JVM twice, so a ``java`` child of a ``java`` process is skipped.
+    program; it would count the JVM twice, so a child of a ``java`` process that is ``java`` or
+    has not executed its program yet (the JVM's command line, under the name of the JVM thread
+    that spawns it, such as "Executor task l") is skipped.
     """
     try:
         below = root.children(recursive=True)
@@ -387,12 +389,19 @@ def process_tree(root: psutil.Process) -> list[psutil.Process]:
     found = [root]
     for process in below:
         try:
-            if process.name() == "java" and process.parent().name() == "java":
+            if _spawning_jvm_child(process):
                 continue
         except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
             continue
         found.append(process)
     return found
+
+
+def _spawning_jvm_child(process: psutil.Process) -> bool:
+    parent = process.parent()
+    if parent is None or parent.name() != "java":
+        return False
+    return process.name() == "java" or process.cmdline() == parent.cmdline()
 
 
 # What Spark runs a Python daemon for (its worker module), by a short name. Each daemon forks
