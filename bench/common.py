@@ -378,7 +378,9 @@ def process_tree(root: psutil.Process) -> list[psutil.Process]:
     """``root`` and every process below it.
 
     A child the JVM is spawning (``posix_spawn``) shares the JVM's memory until it executes its
-    program; it would count the JVM twice, so a ``java`` child of a ``java`` process is skipped.
+    program; it would count the JVM twice, so a child of a ``java`` process that is ``java`` or
+    has not executed its program yet (the JVM's command line, under the name of the JVM thread
+    that spawns it, such as "Executor task l") is skipped.
     """
     try:
         below = root.children(recursive=True)
@@ -387,12 +389,59 @@ def process_tree(root: psutil.Process) -> list[psutil.Process]:
     found = [root]
     for process in below:
         try:
-            if process.name() == "java" and process.parent().name() == "java":
+            if _spawning_jvm_child(process):
                 continue
         except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
             continue
         found.append(process)
     return found
+
+
+def _spawning_jvm_child(process: psutil.Process) -> bool:
+    parent = process.parent()
+    if parent is None or parent.name() != "java":
+        return False
+    return process.name() == "java" or process.cmdline() == parent.cmdline()
+
+
+# What Spark runs a Python daemon for (its worker module), by a short name. Each daemon forks
+# the workers that serve that job (pyspark.worker: the tasks).
+SPARK_PYTHON_JOBS = {
+    "pyspark.worker": "task",
+    "pyspark.sql.worker.lookup_data_sources": "lookup_data_sources",
+    "pyspark.sql.worker.write_into_data_source": "write_into_data_source",
+    "pyspark.sql.worker.create_data_source": "create_data_source",
+    "pyspark.sql.worker.python_streaming_sink_runner": "streaming_sink_runner",
+}
+JVM_ROLE = "JVM"
+DRIVER_ROLE = "driver (Python)"
+
+
+def process_role(process: psutil.Process, root: int) -> str:
+    """What a process of a local Spark job is: the driver's Python (``root``), the JVM, one of
+    Spark's Python daemons (``python -m pyspark.daemon <worker module>``) or a worker it forked
+    (the same command line as its parent: a fork runs no new program)."""
+    if process.pid == root:
+        return DRIVER_ROLE
+    if process.name() == "java":
+        return JVM_ROLE
+    command = process.cmdline()
+    if "pyspark.daemon" not in command:
+        return " ".join([process.name(), *command[1:2]])
+    module = command[-1] if command[-1] != "pyspark.daemon" else "pyspark.worker"
+    job = SPARK_PYTHON_JOBS.get(module, module)
+    parent = process.parent()
+    forked = parent is not None and parent.cmdline() == command
+    return f"{job} {'worker' if forked else 'daemon'}"
+
+
+def python_count(roles: list[tuple[str, int]]) -> int:
+    """The Python processes among a sample's roles: the driver's, Spark's daemons and their
+    workers (not the JVM, nor a program the JVM runs for a moment)."""
+    return sum(1 for role, _ in roles if role == DRIVER_ROLE or role.endswith(PYTHON_ROLES))
+
+
+PYTHON_ROLES = (" daemon", " worker")
 
 
 class TreeSampler:
@@ -407,6 +456,11 @@ class TreeSampler:
     ``pss`` walks a process's page tables: for a JVM with a large heap that costs real CPU, so
     it is read only every ``pss_every``-th sample (its peak may be missed by up to that
     interval); ``rss`` is cheap and read every time.
+
+    With each ``pss`` sample it keeps every process's own ``pss`` by its role in a Spark job
+    (``process_role``): ``peak_roles`` at the sample with the largest sum, ``end_roles`` at the
+    last sample (``stop`` takes one), and ``peak_python``/``end_python``, the Python processes
+    alive then.
     """
 
     def __init__(self, root: int | None = None, interval: float = 0.2, pss_every: int = 10) -> None:
@@ -417,6 +471,9 @@ class TreeSampler:
         self.peak_total = 0
         self.peak_pss = 0
         self.peak_by_name: dict[str, int] = {}
+        self.peak_roles: list[tuple[str, int]] = []
+        self.end_roles: list[tuple[str, int]] = []
+        self._roles: dict[tuple[int, float, str], str] = {}
         self._cpu: dict[tuple[int, float], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -428,31 +485,58 @@ class TreeSampler:
     def stop(self) -> TreeSampler:
         self._stop.set()
         self._thread.join()
-        self.sample()
+        self.sample(with_pss=True)
         return self
 
-    def sample(self) -> None:
-        total = pss = 0
+    def sample(self, with_pss: bool | None = None) -> None:
+        total = 0
         by_name: dict[str, int] = {}
-        with_pss = self._samples % self.pss_every == 0
+        roles: list[tuple[str, int]] = []
+        if with_pss is None:
+            with_pss = self._samples % self.pss_every == 0
         self._samples += 1
         for process in process_tree(self.root):
             try:
                 with process.oneshot():
                     times = process.cpu_times()
-                    self._cpu[(process.pid, process.create_time())] = times.user + times.system
+                    created = process.create_time()
+                    self._cpu[(process.pid, created)] = times.user + times.system
                     rss = process.memory_info().rss
                     name = process.name()
                 if with_pss:
-                    pss += process.memory_full_info().pss
+                    role = self._role(process, created, name)
+                    roles.append((role, process.memory_full_info().pss))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             total += rss
             by_name[name] = by_name.get(name, 0) + rss
         self.peak_total = max(self.peak_total, total)
-        self.peak_pss = max(self.peak_pss, pss)
         for name, rss in by_name.items():
             self.peak_by_name[name] = max(self.peak_by_name.get(name, 0), rss)
+        if with_pss:
+            self._keep_pss(roles)
+
+    def _keep_pss(self, roles: list[tuple[str, int]]) -> None:
+        pss = sum(size for _, size in roles)
+        if pss > self.peak_pss:
+            self.peak_pss, self.peak_roles = pss, roles
+        self.end_roles = roles
+
+    def _role(self, process: psutil.Process, created: float, name: str) -> str:
+        """The process's role, looked up once a program: the JVM starts as a shell script
+        (``spark-class``) that executes ``java`` in the same process."""
+        key = (process.pid, created, name)
+        if key not in self._roles:
+            self._roles[key] = process_role(process, self.root.pid)
+        return self._roles[key]
+
+    @property
+    def peak_python(self) -> int:
+        return python_count(self.peak_roles)
+
+    @property
+    def end_python(self) -> int:
+        return python_count(self.end_roles)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -51,7 +51,12 @@ installed wheel has them. Measured per run:
   ``/proc/<pid>/stat`` (the machine may be shared; CPU time is steadier than wall time then);
 * peak RSS: the largest sum of ``VmRSS`` over the run's process tree (Python driver, driver
   JVM, Python workers), sampled every 0.2 s from ``/proc``, the same with ``Pss`` (sampled every
-  2 s: shared pages divided among their sharers), and the JVM's own peak;
+  second: shared pages divided among their sharers), and the JVM's own peak;
+* PSS by process: each process's ``Pss`` at the sample of the tree's PSS peak and at the end of
+  the stream (after ``awaitTermination``), by its role (the driver's Python, the JVM, each of
+  the Python daemons Spark starts for a Python data source and the workers they fork), with the
+  number of Python processes alive at both; ``peak_tree_pss_vs_floor=<x>`` is the median over
+  the rounds of dedupsink's peak tree PSS over the floor's;
 * Spark's per-phase durations (``addBatch``, ``walCommit``, ...) summed over the batches;
 * correctness: the rows of the deduplicated output (dedupsink: each port) against the truth.
 
@@ -103,6 +108,7 @@ from common import (
     local_session_builder,
     median,
     print_machine,
+    python_count,
     python_floor_source,
 )
 
@@ -154,7 +160,7 @@ def run_variant(
     variant: str, input_dir: Path, work: Path, files_per_trigger: int, driver_memory: str
 ) -> dict[str, Any]:
     """Run one variant to completion and measure it; returns a JSON-able record."""
-    sampler = TreeSampler().start()
+    sampler = TreeSampler(pss_every=5).start()
     spark = build_session(variant, driver_memory)
     schema = spark.read.parquet(str(next(input_dir.glob("*.parquet")))).schema
     # Registering a Python data source makes Spark discover the installed ones (a Python process
@@ -197,6 +203,10 @@ def run_variant(
         "peak_tree_pss": sampler.peak_pss,
         "peak_jvm_rss": sampler.peak_by_name.get("java", 0),
         "peak_by_name": sampler.peak_by_name,
+        "peak_roles": sampler.peak_roles,
+        "end_roles": sampler.end_roles,
+        "peak_python": sampler.peak_python,
+        "end_python": sampler.end_python,
         "batches": len(progress),
         "duration_ms": progress_durations(query.recentProgress),
         "batch_ms": [int(p.get("durationMs", {}).get("triggerExecution", 0)) for p in progress],
@@ -415,6 +425,8 @@ def report(results: dict[str, list[dict[str, Any]]], truth: dict[str, Any], rows
         "pages counted per process; PSS: the same with shared pages divided; medians)"
     )
     print()
+    print_memory_by_role(results)
+    print()
     print("state on disk (last run of each variant):")
     for variant, records in results.items():
         r = records[-1]
@@ -451,6 +463,49 @@ def report(results: dict[str, list[dict[str, Any]]], truth: dict[str, Any], rows
     for variant, records in results.items():
         for index, r in enumerate(records):
             print(f"  {variant} #{index + 1}: {check(r, truth)}")
+
+
+def role_sizes(roles: list[list[Any]]) -> dict[str, int]:
+    """One sample's PSS by role, a role's processes told apart by size (``task worker #2``)."""
+    sizes: dict[str, int] = {}
+    for role, pss in sorted(roles, key=lambda item: (item[0], -item[1])):
+        label, n = role, 1
+        while label in sizes:
+            n += 1
+            label = f"{role} #{n}"
+        sizes[label] = pss
+    return sizes
+
+
+def python_pss(roles: list[list[Any]]) -> int:
+    """The PSS of a sample's Python processes (the JVM's varies with its garbage collector by
+    some hundreds of MB from run to run, the same code and input)."""
+    return sum(pss for role, pss in roles if python_count([(role, pss)]))
+
+
+def print_memory_by_role(results: dict[str, list[dict[str, Any]]]) -> None:
+    """Per variant: the PSS of each process by its role at the tree's PSS peak and at the end
+    of the stream (medians of the runs), and how many Python processes were alive then."""
+    print("PSS by process at the tree's peak and at the end of the stream (MB, run medians):")
+    for variant, records in results.items():
+        timed = [r for r in records if r.get("peak_roles")]
+        if not timed:
+            continue
+        peaks = [role_sizes(r["peak_roles"]) for r in timed]
+        ends = [role_sizes(r["end_roles"]) for r in timed]
+        python = median([python_pss(r["peak_roles"]) for r in timed]) / 2**20
+        print(
+            f"  {variant}: peak {median([r['peak_tree_pss'] for r in timed]) / 2**20:,.0f} MB "
+            f"with {median([r['peak_python'] for r in timed]):.0f} Python processes "
+            f"({python:,.0f} MB of it), end {median([sum(e.values()) for e in ends]) / 2**20:,.0f}"
+            f" MB with {median([r['end_python'] for r in timed]):.0f}"
+        )
+        for label in sorted({name for sizes in peaks + ends for name in sizes}):
+            at_peak = median([sizes.get(label, 0) for sizes in peaks]) / 2**20
+            at_end = median([sizes.get(label, 0) for sizes in ends]) / 2**20
+            if at_peak < 0.5 and at_end < 0.5:
+                continue  # a program the JVM ran for a moment (its launcher, a shell)
+            print(f"    {label:<36}{at_peak:>8,.0f}{at_end:>8,.0f}")
 
 
 def print_first_batch_split(results: dict[str, list[dict[str, Any]]]) -> None:
@@ -600,6 +655,11 @@ def orchestrate(args: argparse.Namespace) -> None:
         print(f"(dedupsink against python-floor, the Python transport alone: {python_floor:.3f})")
     if floor is not None:
         print(f"ratio_vs_floor={floor:.3f}")
+    # ratio() divides the other's measure by ours: with the floor as "ours", dedupsink's peak
+    # over the floor's, round by round.
+    pss_floor = ratio(results, "dedupsink", "peak_tree_pss", ours="floor")
+    if pss_floor is not None:
+        print(f"peak_tree_pss_vs_floor={pss_floor:.3f}")
 
 
 def main() -> None:

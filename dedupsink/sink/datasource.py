@@ -31,7 +31,15 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    DataType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.sink.worker import COMMIT_LOG_ENV, tune_worker_process
@@ -250,6 +258,39 @@ class DedupHistoryReader(DataSourceReader):
         yield from table.select(self.columns).to_batches()
 
 
+# The history's columns (``store.history.COLUMNS``) in Spark's types. Spark asks a data source
+# for its schema before a write too, in a process of its own (``create_data_source``) that does
+# nothing else and stays for the session: spelled out here, that process imports no pyarrow
+# (13 MB of its PSS; bench/RESULTS.md, "Memory as installed"). A test holds it equal to the
+# history's Arrow schema.
+_HISTORY_COLUMNS: tuple[tuple[str, type[DataType]], ...] = (
+    ("version", LongType),
+    ("query_id", StringType),
+    ("batch_id", LongType),
+    ("committed_at", TimestampType),
+    ("unique", LongType),
+    ("duplicate", LongType),
+    ("expired", LongType),
+    ("error", LongType),
+    ("keys_added", LongType),
+    ("keys_forgotten", LongType),
+    ("keys_remembered", LongType),
+    ("cross_partition_duplicates", LongType),
+    ("latest_point", DoubleType),
+    ("latest_point_text", StringType),
+    ("expiry_point", DoubleType),
+    ("expiry_point_text", StringType),
+    ("store_files", LongType),
+    ("store_bytes", LongType),
+    ("task_seconds", DoubleType),
+)
+
+
+def history_schema() -> StructType:
+    """The schema of ``spark.read.format("dedup")``: the store's history."""
+    return StructType([StructField(name, kind()) for name, kind in _HISTORY_COLUMNS])
+
+
 class DedupDataSource(DataSource):
     """``df.writeStream.format("dedup")`` splits each micro-batch into four ports;
     ``df.write.format("dedup").mode("append")`` writes a DataFrame as one window of the same
@@ -261,11 +302,7 @@ class DedupDataSource(DataSource):
         return "dedup"
 
     def schema(self) -> StructType:
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from dedupsink.store.history import SCHEMA
-
-        return from_arrow_schema(SCHEMA, prefer_timestamp_ntz=False)
+        return history_schema()
 
     def reader(self, schema: StructType) -> DedupHistoryReader:
         return DedupHistoryReader(dict(self.options), list(schema.fieldNames()))

@@ -31,7 +31,9 @@ import gc
 import os
 import sys
 
-import pyarrow as pa
+# pyarrow is imported where the pool is set: the data source module imports this one, and Spark
+# imports that in processes that only look the "dedup" format up (bench/RESULTS.md, "Memory as
+# installed").
 
 # Set to "off" by a driver that prints its own line per batch (``dedupsink run``): the commit's
 # worker, which inherits the driver's environment, then leaves the sink's summary unprinted.
@@ -73,6 +75,8 @@ def _return_large_frees_to_the_os() -> None:
 
 
 def _serve_arrow_from_jemalloc() -> None:
+    import pyarrow as pa
+
     if not os.environ.get(_ARROW_POOL_ENV) and "jemalloc" in pa.supported_memory_backends():
         pa.set_memory_pool(pa.jemalloc_memory_pool())
         pa.jemalloc_set_decay_ms(0)
