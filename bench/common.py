@@ -18,8 +18,10 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -767,3 +769,34 @@ def python_floor_source() -> Any:
             return ArrowCopyWriter(self.options["path"])
 
     return ArrowCopySource
+
+
+# -- variants in fresh processes ---------------------------------------------------------------
+
+# A child prints its record as one JSON line after this prefix (its other output is Spark's).
+RESULT_PREFIX = "RESULT "
+
+
+def run_child(
+    script: str, name: str, options: list[str], runs: Path, keep: bool = False
+) -> dict[str, Any]:
+    """Run ``script`` in a fresh Python process with ``options`` and ``--work``, a folder of
+    its own under ``runs`` (removed after, unless ``keep``), and return the record it prints;
+    a child that fails or prints none stops the benchmark with its output."""
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    runs.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=runs))
+    command = [sys.executable, script, *options, "--work", str(work)]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(
+            f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        )
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])

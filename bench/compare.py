@@ -82,7 +82,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -99,6 +98,7 @@ from common import (
     OWN_TIME_PERIOD_S,
     PERIOD_S,
     RESEND_TIMES,
+    RESULT_PREFIX,
     CompareSpec,
     LoadSampler,
     TreeSampler,
@@ -110,6 +110,7 @@ from common import (
     print_machine,
     python_count,
     python_floor_source,
+    run_child,
 )
 
 VARIANTS = (
@@ -139,7 +140,6 @@ SINK_OPTIONS = {
 REFERENCE_VARIANTS = ("python-floor",)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PORTS = ("unique", "duplicate", "expired", "error")
-RESULT_PREFIX = "RESULT "
 
 
 # -- one variant, in its own process --------------------------------------------------------
@@ -330,38 +330,10 @@ def child(args: argparse.Namespace) -> None:
 
 
 def launch(variant: str, input_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    runs = DATA_DIR / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=runs))
-    command = [
-        sys.executable,
-        __file__,
-        "--variant",
-        variant,
-        "--input",
-        str(input_dir),
-        "--work",
-        str(work),
-        "--files-per-trigger",
-        str(args.files_per_trigger),
-        "--driver-memory",
-        args.driver_memory,
-    ]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(
-            f"variant {variant} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
-            f"{done.stderr[-6000:]}"
-        )
-    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+    options = ["--variant", variant, "--input", str(input_dir)]
+    options += ["--files-per-trigger", str(args.files_per_trigger)]
+    options += ["--driver-memory", args.driver_memory]
+    return run_child(__file__, variant, options, DATA_DIR / "runs", args.keep)
 
 
 def check(record: dict[str, Any], truth: dict[str, Any]) -> str:

@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ sys.path.insert(0, str(BENCH.parent / "tests"))
 
 from common import (  # noqa: E402
     DATA_DIR,
+    RESULT_PREFIX,
     CompareSpec,
     LoadSampler,
     TreeSampler,
@@ -72,6 +72,7 @@ from common import (  # noqa: E402
     median,
     print_machine,
     python_floor_source,
+    run_child,
 )
 from compare import SINK_OPTIONS, compile_bytecode, progress_durations  # noqa: E402
 
@@ -79,7 +80,6 @@ FORMATS = ("parquet", "delta", "iceberg")
 PORTS = ("unique", "duplicate", "expired", "error")
 OPTIONS = SINK_OPTIONS["dedupsink"]
 FILES_PER_TRIGGER = 2
-RESULT_PREFIX = "RESULT "
 TARGET = 0.9
 
 
@@ -192,36 +192,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def launch(fmt: str, input_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    runs = DATA_DIR / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"format-{fmt}-", dir=runs))
-    command = [
-        sys.executable,
-        __file__,
-        "--format",
-        fmt,
-        "--input",
-        str(input_dir),
-        "--work",
-        str(work),
-        "--driver-memory",
-        args.driver_memory,
-    ]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(
-            f"format {fmt} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
-            f"{done.stderr[-6000:]}"
-        )
-    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+    options = ["--format", fmt, "--input", str(input_dir), "--driver-memory", args.driver_memory]
+    return run_child(__file__, f"format-{fmt}", options, DATA_DIR / "runs", args.keep)
 
 
 def after_first(record: dict[str, Any]) -> float:

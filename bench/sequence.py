@@ -49,10 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     DATA_DIR,
+    RESULT_PREFIX,
     CompareSpec,
     LoadSampler,
     TreeSampler,
@@ -78,6 +76,7 @@ from common import (
     plan_rows,
     print_machine,
     random_text,
+    run_child,
 )
 from compare import compile_bytecode
 
@@ -91,7 +90,6 @@ VARIANTS = (*SINK_OPTIONS, *(ENGINE + v for v in SINK_OPTIONS))
 DEFAULT_VARIANTS = ("sequence", "keys", "keys-pair", "engine-sequence", "engine-keys")
 PORTS = ("unique", "duplicate", "expired", "error")
 GROWTH_WINDOWS = (5, 10, 15, 20)
-RESULT_PREFIX = "RESULT "
 
 
 # -- the input -----------------------------------------------------------------------------
@@ -389,25 +387,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 def launch(variant: str, input_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    runs = DATA_DIR / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"sequence-{variant}-", dir=runs))
-    command = [sys.executable, __file__, "--variant", variant, "--input", str(input_dir)]
-    command += ["--work", str(work), "--files-per-trigger", str(args.files_per_trigger)]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(
-            f"variant {variant} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
-            f"{done.stderr[-6000:]}"
-        )
-    record = json.loads(lines[-1][len(RESULT_PREFIX) :])
+    options = ["--variant", variant, "--input", str(input_dir)]
+    options += ["--files-per-trigger", str(args.files_per_trigger)]
+    record = run_child(__file__, f"sequence-{variant}", options, DATA_DIR / "runs")
     record["variant"] = variant
     return record
 
