@@ -267,18 +267,7 @@ def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
         return _resolve_sequence(options, schema, keys, key_types, options.sequence_key)
     mode, expiry_type, stamp_kind = _resolve_mode(options, schema)
     if mode == "basic":
-        return Settings(
-            mode,
-            keys,
-            key_types,
-            None,
-            None,
-            "int",
-            None,
-            None,
-            options.hash_buckets,
-            output_format=options.output_format,
-        )
+        return _without_expiry("basic", keys, key_types, options)
     if options.expiry_period is None:
         raise DedupOptionError(EXPIRY_PERIOD, None, period_required(f"expiryMode={mode}", mode))
     inferred_from = None
@@ -332,8 +321,22 @@ def _resolve_sequence(
             name,
             f"a column that is not one of the producer columns (keys={','.join(keys)})",
         )
+    return _without_expiry(
+        "sequence", keys, key_types, options, sequence_key=name, sequence_type=str(field.type)
+    )
+
+
+def _without_expiry(
+    mode: Mode,
+    keys: tuple[str, ...],
+    key_types: tuple[str, ...],
+    options: DedupOptions,
+    sequence_key: str | None = None,
+    sequence_type: str | None = None,
+) -> Settings:
+    """Settings of a mode that keeps keys (or producers) by hash and never expires them."""
     return Settings(
-        "sequence",
+        mode,
         keys,
         key_types,
         None,
@@ -343,8 +346,8 @@ def _resolve_sequence(
         None,
         options.hash_buckets,
         output_format=options.output_format,
-        sequence_key=name,
-        sequence_type=str(field.type),
+        sequence_key=sequence_key,
+        sequence_type=sequence_type,
     )
 
 
