@@ -13,7 +13,8 @@ For each failing call: the batch fails with the filesystem's error (errno and pa
 still reads, no row is visible twice, Spark's log lists nothing the directory lacks, and
 nothing of the window is visible unless its manifest was committed; then a restart re-runs the
 batch and later windows, and every input row ends in exactly one port exactly once, as the
-reference model says. Two real Spark cases (slow) fail a task and a commit with ENOSPC.
+reference model says (slow: it runs the window once per call). Two real Spark cases (slow) fail
+a task and a commit with ENOSPC.
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ def faulted_steps(template: Path, tmp_path: Path, ctl: Control) -> list[dict[str
     return steps
 
 
+# Every call of a rich window in turn: 40-50 s each, so in the slow tier (CI runs it).
+@pytest.mark.slow
 @pytest.mark.parametrize("settled_by", ["task", "commit"])
 def test_every_failing_write_rename_and_delete_of_a_batch_fails_it_and_a_rerun_loses_nothing(
     template: Path, tmp_path: Path, ctl: Control, settled_by: str, monkeypatch: pytest.MonkeyPatch
