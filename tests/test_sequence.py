@@ -659,3 +659,25 @@ def test_a_windows_keys_added_are_the_producers_it_stored_first(tmp_path: Path) 
     rows = read_history(BucketStore(str(output / "_store"))).to_pylist()
     assert [r["keys_remembered"] for r in rows] == [2, 2, 3]
     assert [r["keys_added"] for r in rows] == [2, 0, 1]
+
+
+def test_lookup_tells_a_producers_highest_id_and_where_a_row_with_an_id_goes(
+    tmp_path: Path,
+) -> None:
+    output = tmp_path / "out"
+    rows = [
+        {"row_id": n, "win": 0, "host": "h1", "pid": 1, "seq": seq}
+        for n, seq in enumerate([4, 9, 7])
+    ]
+    run_window(local_sink(output), 0, table_of(rows), partitions=2)
+    below = dedupsink.lookup(str(output), {"host": "h1", "pid": "1", "seq": "9"})
+    assert below.remembered and below.stamp == 9
+    assert below.verdict == "duplicate: at or below the producer's highest id 9"
+    above = dedupsink.lookup(str(output), {"host": "h1", "pid": 1, "seq": 10})
+    assert above.verdict == "unique: above the producer's highest id 9"
+    unknown = dedupsink.lookup(str(output), {"host": "h2", "pid": 1, "seq": 1})
+    assert not unknown.remembered
+    assert unknown.verdict == "unique: the producer has no committed unique row yet"
+    assert "highest id" not in (unknown.reason or "")
+    with pytest.raises(dedupsink.DedupError, match="seq=x: not a whole-number sequence id"):
+        dedupsink.lookup(str(output), {"host": "h1", "pid": 1, "seq": "x"})

@@ -75,6 +75,10 @@ class LookupResult:
     forgotten_at_latest_text: str | None = None
     forgotten_when: str | None = None  # in words
     reason: str | None = None  # why it is not remembered, in words
+    # Sequence dedup, when a sequence id was given: the port a row of the producer with it
+    # would go to now, and why.
+    sequence_id: int | None = None
+    verdict: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,6 +104,7 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
         raise ConfigError("PATH", f"store {store.url} has no committed version yet")
     recorded = recorded_settings(manifest.settings)
     settings = _settings(recorded)
+    values, sequence_id = _sequence_id(settings, values)
     row = _key_table(settings, values)
     keys = [column(row, name) for name in settings.keys]  # as WindowClassifier.classify
     fps = fingerprint(keys)
@@ -144,10 +149,12 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
         return LookupResult(
             remembered=False,
             reason=_why_not(settings, found, known_stamp, expiry_point, text),
+            **_verdict(sequence_id, None),
             **base,
         )
     kept = [stamp for _, stamp in alive if stamp is not None]
     stamp = max(kept) if kept else None
+    base.update(_verdict(sequence_id, None if stamp is None else int(stamp)))
     window = min(manifest.files[file].window for file, _ in alive)
     result: dict[str, Any] = {"window": window, "stamp": stamp, "stamp_text": text(stamp)}
     result.update(_history_of(location, manifest, window))
@@ -164,6 +171,35 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
             f"the expiry point then reaches its stamp {text(stamp)}"
         )
     return LookupResult(remembered=True, **base, **result)
+
+
+def _sequence_id(
+    settings: Settings, values: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], int | None]:
+    """The key columns' values, and the sequence id given beside them (sequence dedup only)."""
+    name = settings.sequence_key
+    if name is None or name not in values:
+        return values, None
+    given = values[name]
+    try:
+        sequence_id = int(given.strip()) if isinstance(given, str) else int(given)
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"{name}={given}: not a whole-number sequence id") from None
+    return {k: v for k, v in values.items() if k != name}, sequence_id
+
+
+def _verdict(sequence_id: int | None, highest: int | None) -> dict[str, Any]:
+    """Where a row of the producer with ``sequence_id`` would go now (rules of sequence
+    dedup; a copy inside the row's own window aside)."""
+    if sequence_id is None:
+        return {}
+    if highest is None:
+        verdict = "unique: the producer has no committed unique row yet"
+    elif sequence_id <= highest:
+        verdict = f"duplicate: at or below the producer's highest id {highest}"
+    else:
+        verdict = f"unique: above the producer's highest id {highest}"
+    return {"sequence_id": sequence_id, "verdict": verdict}
 
 
 def store_manager(location: Location, manifest: Manifest, settings: Settings) -> BucketManager:
@@ -373,6 +409,7 @@ def render(result: LookupResult) -> str:
     lines = [f"store       {result.store} (version {result.version})", f"key         {key}"]
     if not result.remembered:
         lines.append(f"remembered  no: {result.reason}")
+        lines += _verdict_lines(result)
         return "\n".join(lines)
     since = f"version {result.window}"
     if result.window_is_upper_bound:
@@ -381,20 +418,26 @@ def render(result: LookupResult) -> str:
         moment = dt.datetime.fromisoformat(result.committed_at)
         when = utc_text((moment - _EPOCH) // dt.timedelta(microseconds=1))
         since += f" (query {result.query_id}, batch {result.batch_id}, committed {when})"
-    if result.mode == "sequence":
-        lines.append(f"remembered  yes, its entry in the window file of {since}")
+    if result.mode == "sequence":  # one entry a producer, rewritten by each window's fold
+        lines.append(f"remembered  yes, its entry in the window file of version {result.window}")
         lines.append(
             f"highest id  {result.stamp_text}: a row of this producer is unique only with a "
             "higher sequence id"
         )
         lines.append(f"forgotten   {result.forgotten_when}")
-        return "\n".join(lines)
+        return "\n".join(lines + _verdict_lines(result))
     lines.append(f"remembered  yes, since {since}")
     if result.stamp_text is not None:
         lines.append(f"stamp       {result.stamp_text}")
         lines.append(f"expiry      {result.expiry_point_text} now")
     lines.append(f"forgotten   {result.forgotten_when}")
     return "\n".join(lines)
+
+
+def _verdict_lines(result: LookupResult) -> list[str]:
+    if result.verdict is None:
+        return []
+    return [f"id {result.sequence_id:<8} a row with it now: {result.verdict}"]
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
