@@ -301,15 +301,7 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
         stream_times, source, first_copy, window_rows, OWN_TIME_PERIOD_S * MICROS_PER_SECOND
     )
     input_dir = root / "input"
-    input_dir.mkdir(parents=True, exist_ok=True)
-    for stale in input_dir.glob("*.parquet"):
-        stale.unlink()
-    # The file source takes the oldest files first: give each file its own modification second.
-    base = int(time.time()) - 86_400
-    for index, start in enumerate(range(0, spec.rows, rows_per_file)):
-        target = input_dir / f"part-{index:05d}.parquet"
-        pq.write_table(stream.slice(start, rows_per_file), target)
-        os.utime(target, (base + index, base + index))
+    write_parquet_files(stream, input_dir, rows_per_file)
     truth = {
         "spec": asdict(spec),
         "rows": spec.rows,
@@ -769,6 +761,19 @@ def python_floor_source() -> Any:
             return ArrowCopyWriter(self.options["path"])
 
     return ArrowCopySource
+
+
+def write_parquet_files(stream: pa.Table, folder: Path, rows_per_file: int) -> None:
+    """The stream as numbered Parquet files in ``folder`` (replacing any there), each with its
+    own modification second: Spark's file source takes the oldest files first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.parquet"):
+        stale.unlink()
+    base = int(time.time()) - 86_400
+    for index, start in enumerate(range(0, stream.num_rows, rows_per_file)):
+        target = folder / f"part-{index:05d}.parquet"
+        pq.write_table(stream.slice(start, rows_per_file), target)
+        os.utime(target, (base + index, base + index))
 
 
 # -- variants in fresh processes ---------------------------------------------------------------

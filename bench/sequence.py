@@ -77,6 +77,7 @@ from common import (
     print_machine,
     random_text,
     run_child,
+    write_parquet_files,
 )
 from compare import compile_bytecode
 
@@ -216,7 +217,7 @@ def generate_input(spec: SequenceSpec, window_files: int) -> tuple[Path, dict[st
         producer[source], ids[source], kind, orig_pos[source] // window_rows, window_rows
     )
     originals = original_rows(rng, producer, ids)
-    write_files(originals.take(pa.array(source)), root / "input", rows_per_file)
+    write_parquet_files(originals.take(pa.array(source)), root / "input", rows_per_file)
     truth = {
         "spec": asdict(spec),
         "rows": spec.rows,
@@ -244,22 +245,6 @@ def original_rows(rng: np.random.Generator, producer: np.ndarray, ids: np.ndarra
             "payload": random_text(rng, len(ids), 70, 90),
         }
     )
-
-
-def write_files(stream: pa.Table, folder: Path, rows_per_file: int) -> None:
-    """The stream as numbered Parquet files, each with its own modification second (the file
-    source takes the oldest first)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.parquet"):
-        stale.unlink()
-    base = int(time.time()) - 86_400
-    for index, start in enumerate(range(0, stream.num_rows, rows_per_file)):
-        target = folder / f"part-{index:05d}.parquet"
-        pq.write_table(stream.slice(start, rows_per_file), target)
-        os.utime(target, (base + index, base + index))
-
-
-# -- one run, in its own process -------------------------------------------------------------
 
 
 def run_spark(variant: str, input_dir: Path, work: Path, files_per_trigger: int) -> dict[str, Any]:
