@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from lakehouse import PortTables
+from reference import ReferenceSequence
 from servers import S3Server
 from streams import PORT_NAMES
 
@@ -52,22 +53,15 @@ def windows_of(seed: int, count: int = 6, size: int = 60) -> list[list[Row]]:
 
 
 def expected_ports(windows: list[list[Row]]) -> dict[str, Counter[Row]]:
-    """The rules, row by row: which copy of a (producer, id) is unique does not matter here."""
-    highest: dict[str, int] = {}
+    """Each port's (producer, id) pairs by the model; which copy is unique does not matter."""
+    model = ReferenceSequence()
     ports: dict[str, Counter[Row]] = {port: Counter() for port in PORT_NAMES}
     for rows in windows:
-        seen: set[Row] = set()
-        for producer, seq in rows:
-            if producer is None or seq is None:
-                port = "error"
-            elif seq <= highest.get(producer, -(2**63)) or (producer, seq) in seen:
-                port = "duplicate"
-            else:
-                port = "unique"
-                seen.add((producer, seq))
-            ports[port][(producer, seq)] += 1
-        for producer, seq in seen:
-            highest[producer] = max(highest.get(producer, seq), seq)
+        as_dicts = [{"producer": p, "seq": s} for p, s in rows]
+        for row, port in zip(
+            rows, model.window(as_dicts, lambda r: r["producer"], lambda r: r["seq"]), strict=True
+        ):
+            ports[port][row] += 1
     return ports
 
 
