@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dedupsink.engine.expiry import ExpiryValues, expiry_values
+from dedupsink.engine.expiry_policy import is_expired
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences, key_leaves
 from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.sequence import (
@@ -158,7 +159,7 @@ class WindowClassifier:
             else ~error & ~expiry.new_category
         )
         if expiry is not None and self.expiry_point is not None:
-            ports[known & (expiry.values <= self.expiry_point)] = EXPIRED
+            ports[known & is_expired(expiry.values, self.expiry_point)] = EXPIRED
         if expiry is not None and known.any():
             top = expiry.values[known].max().item()
             self.max_stamp = top if self.max_stamp is None else max(self.max_stamp, top)

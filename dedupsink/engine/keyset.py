@@ -18,6 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
+from dedupsink.engine.expiry_policy import is_alive, is_expired
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.sequence import NO_SEQUENCE
 
@@ -160,7 +161,7 @@ class KeySet:
         stamps, forget = self.stamps, forget_at_or_below
         if forget is None or stamps is None or not self._may_hold_expired(forget):
             return self
-        keep = stamps > forget
+        keep = is_alive(stamps, forget)
         return KeySet(self.h1[keep], self.h2[keep], stamps[keep], self.shared_h1)
 
     def contains(
@@ -183,7 +184,7 @@ class KeySet:
         hit = same_h1 & (self.h2[at] == query_h2)
         stamps, forget = self.stamps, forget_at_or_below
         if forget is not None and stamps is not None and self._may_hold_expired(forget):
-            hit &= stamps[at] > forget
+            hit &= is_alive(stamps[at], forget)
         if self.shared_h1:
             self._search_shared(query_h1, query_h2, forget_at_or_below, at, same_h1, hit)
         if presorted:
@@ -221,7 +222,7 @@ class KeySet:
         """Whether about an eighth of the keys here, or more, are at or below the expiry point."""
         if not self._may_hold_expired(forget_at_or_below):
             return False  # none expired: the rank's pass is spared
-        return self._eighth_stamp <= forget_at_or_below
+        return bool(is_expired(self._eighth_stamp, forget_at_or_below))
 
     @cached_property
     def _eighth_stamp(self) -> float:
@@ -234,7 +235,7 @@ class KeySet:
         """Whether a stamp here may be at or below the expiry point. Most sets hold none, and
         skipping the stamp check spares three array passes a lookup."""
         lowest = self.lowest_stamp
-        return lowest is not None and lowest <= forget_at_or_below
+        return lowest is not None and bool(is_expired(lowest, forget_at_or_below))
 
     def _search_shared(
         self,
@@ -251,7 +252,7 @@ class KeySet:
             run = slice(at[row], np.searchsorted(self.h1, query_h1[row], side="right"))
             hits = self.h2[run] == query_h2[row]
             if forget_at_or_below is not None and self.stamps is not None:
-                hits &= self.stamps[run] > forget_at_or_below
+                hits &= is_alive(self.stamps[run], forget_at_or_below)
             hit[row] = bool(hits.any())
 
 

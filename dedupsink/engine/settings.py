@@ -8,15 +8,13 @@ engine classifies with and what a bucket store records at creation and checks on
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from dataclasses import asdict, dataclass
-from decimal import Decimal
 from typing import Any, Literal, TypeAlias
 
 import pyarrow as pa
 
+from dedupsink.engine.expiry_policy import ExpiryPolicy, Mode
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
@@ -39,7 +37,6 @@ from dedupsink.options import (
     period_required,
 )
 
-Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical", "sequence"]
 StampKind = Literal["int", "float"]
 # Input rows as the engine takes them: one record batch, or a table of several (a task's chunk).
 Rows: TypeAlias = pa.RecordBatch | pa.Table
@@ -51,26 +48,7 @@ TIME_BUCKET_MODES = ("tupleTime", "ordered")
 def expiry_point_of(
     latest: float | None, period: float | None, expiry_type: str | None
 ) -> float | None:
-    """``latest - period``, for a decimal column in decimal, rounded to the float its values
-    are compared as: a value exactly at the expiry point then compares equal to it (in floats
-    ``0.30 - 0.1`` is ``0.19999999999999998``, below the row ``0.20`` it should expire)."""
-    if latest is None or period is None:
-        return None
-    scale = _decimal_scale(expiry_type)
-    if scale is None:
-        return latest - period
-    exact = round(Decimal(repr(latest)), scale) - Decimal(repr(period))
-    return float(exact)
-
-
-@functools.cache  # one type a store: parsed once, not at every window's expiry point
-def _decimal_scale(expiry_type: str | None) -> int | None:
-    """The scale of a decimal column's type as recorded (``decimal128(10, 2)`` -> 2)."""
-    found = _DECIMAL_TYPE.fullmatch(expiry_type or "")
-    return int(found.group(1)) if found else None
-
-
-_DECIMAL_TYPE = re.compile(r"decimal(?:32|64|128|256)?\(\d+, (-?\d+)\)")
+    return ExpiryPolicy("tupleTime", period, expiry_type).expiry_point(latest)
 
 
 @dataclass(frozen=True)
@@ -125,9 +103,13 @@ class Settings:
         placeholder for the file's window time)."""
         return self.mode in ("categorical", "systemTime")
 
+    @property
+    def expiry(self) -> ExpiryPolicy:
+        return ExpiryPolicy(self.mode, self.period, self.expiry_type)
+
     def expiry_point(self, latest: float | None) -> float | None:
         """``E = L - expiryPeriod``: rows at or below it are expired, keys forgotten."""
-        return expiry_point_of(latest, self.period, self.expiry_type)
+        return self.expiry.expiry_point(latest)
 
     def identity(self) -> dict[str, Any]:
         record = asdict(self)

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
+from dedupsink.engine.expiry_policy import is_alive
 from dedupsink.errors import StoreCorruptError
 from dedupsink.store.records import Fence, Logged, Owner, Publication, WindowRecord
 
