@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import fsspec
@@ -43,14 +42,14 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import DedupOptions
-from dedupsink.sink import compaction as compaction_module
-from dedupsink.sink import nextversion as nextversion_module
 from dedupsink.sink import settle as settle_module
 from dedupsink.sink import task as task_module
 from dedupsink.sink.commit import CommitReport, commit_window
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.task import TaskSummary, run_task
 from dedupsink.store import cache as cache_module
+from dedupsink.store import compaction as compaction_module
+from dedupsink.store import transaction as transaction_module
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import (
     WINDOW_MAGIC,
@@ -789,10 +788,8 @@ def test_a_commit_replaces_folded_segments_and_drops_the_files_left_without_buck
         buckets={b: [shared[b], only[b], folds[b]] for b in range(2)} | {2: [shared[2]]},
     )
     supersedes = {b: [list(shared[b].ident), list(only[b].ident)] for b in range(2)}
-    written = compaction_module.WrittenKeys(None, {}, supersedes, 0)
-    tasks = [SimpleNamespace(written=None), SimpleNamespace(written=written)]
-    update = SimpleNamespace(tasks=tasks, written=[written])
-    nextversion_module.apply_compaction(manifest, update)  # type: ignore[arg-type]
+    written = compaction_module.WrittenWindowFile(None, {}, supersedes, 0)
+    transaction_module.apply_updates(manifest, [transaction_module.FoldSegments.of([written])])
     assert manifest.buckets == {0: [folds[0]], 1: [folds[1]], 2: [shared[2]]}
     assert manifest.files["shared"].buckets == [2]
     assert sorted(manifest.files) == ["fold", "shared"]
@@ -940,14 +937,14 @@ def test_a_stream_s_rerun_is_recognised_after_more_batch_writes_than_the_queries
     recorded, and its re-run at the stream's restart changes nothing."""
     plan = make_plan(root)
     run_window(plan, 7, [rows([1, 2], [1, 2])])  # committed; the stream's checkpoint lacks it
-    for write in range(nextversion_module.KEEP_QUERIES + 1):
+    for write in range(transaction_module.KEEP_QUERIES + 1):
         summary = run_task(
             plan, TaskIdentity(f"batch-{write}", RUN, 0, 0, 0), iter([rows([9], [3])])
         )
         assert commit_window(plan, [summary], 0) is not None
     queries = plan.store.read().queries
     assert queries.get(QUERY) == 7 and [q for q in queries if q.startswith("batch-")] == [
-        f"batch-{nextversion_module.KEEP_QUERIES}"
+        f"batch-{transaction_module.KEEP_QUERIES}"
     ]
     summaries = run_tasks(plan, 7, [[rows([1, 2], [1, 2])]])
     assert summaries[0].skipped

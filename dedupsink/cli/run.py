@@ -50,10 +50,9 @@ from dedupsink.options import (
     storage_secrets,
 )
 from dedupsink.ports.formats import port_format
-from dedupsink.sink.plan import BATCH_WRITE_PREFIX
 from dedupsink.sink.worker import COMMIT_LOG_ENV
 from dedupsink.store.format import Manifest
-from dedupsink.store.ownership import release
+from dedupsink.store.ownership import BATCH_WRITE_PREFIX, release
 from dedupsink.store.records import WindowRecord
 from dedupsink.store.storage import Storage
 from dedupsink.store.storage import parent as storage_parent

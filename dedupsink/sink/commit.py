@@ -8,7 +8,8 @@ Each step is safe to crash after (docs/ARCHITECTURE.md, "The commit protocol"):
 3. Claim the store (``store/ownership.py``): wait for a live owner's lease, fail if another
    query is using the store or if this run was fenced.
 4. Settle keys several partitions found new (``settle``).
-5. Build the next version (``nextversion``) and create it only if absent: the *commit point*.
+5. Build the window's transaction (``window_updates``, ``store/transaction``) and create the next
+   version only if absent: the *commit point*.
    A writer that lost the race gets ``StoreConflictError`` naming the winner.
 6. Publish the ports from the version's publication record, discard the staging folder, and
    every ``GARBAGE_EVERY`` versions delete garbage and sweep leftovers of failed attempts.
@@ -23,19 +24,24 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dedupsink.engine.classify import PORTS, CommittedState, NewKeys, bucket_of, stamp_dtype
+from dedupsink.engine.classify import PORTS, NewKeys, bucket_of, stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import StoreConflictError, StoreOwnershipError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import Output, PortFile
-from dedupsink.sink.compaction import KeysContext, WrittenKeys, fold_producers, write_window_file
-from dedupsink.sink.nextversion import WindowUpdate, next_version
 from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
+from dedupsink.sink.window_updates import WindowCommit
 from dedupsink.store.cache import manager_for
+from dedupsink.store.compaction import (
+    KeysContext,
+    WrittenWindowFile,
+    fold_producers,
+    write_window_file,
+)
 from dedupsink.store.format import Manifest
 from dedupsink.store.history import record_window
 from dedupsink.store.ownership import Writer, claim, describe_owner, now_ms
@@ -107,11 +113,9 @@ def commit_window(
         if plan.settings.by_sequence:
             promoted += _fold_producers(plan, store, base, done)
         schema_files = _schema_files(plan, output, base, done)
-        crossed = _cross_partition(done, moves)
-        update = WindowUpdate(plan, base, writer, batch_id, done, schema_files, crossed, now_ms())
-        update.promoted = promoted
-        nxt = next_version(update)
-        store.commit(nxt)
+        window = WindowCommit(plan, base, writer, batch_id, done, schema_files, now_ms())
+        transaction = window.transaction(promoted, _cross_partition(done, moves))
+        committed = transaction.commit(store, window.now_ms)
     except (StoreConflictError, FileNotFoundError):
         # An earlier attempt of this very commit may have passed its commit point (and removed
         # the staged keys this one reads): finish its publication instead.
@@ -120,17 +124,17 @@ def commit_window(
             raise
         finish_publication(ports, latest)
         return _discard_rerun(store, output, done, latest, writer, batch_id)
-    publish(ports, nxt)
-    staged = _unpublished(staged_files(holders, moves) + [f.path for f in schema_files], nxt)
-    if nxt.version % GARBAGE_EVERY:
+    publish(ports, committed)
+    staged = _unpublished(staged_files(holders, moves) + [f.path for f in schema_files], committed)
+    if committed.version % GARBAGE_EVERY:
         output.discard_staging(done[0].folder, staged)
     else:  # the garbage collection sweeps the staging folders, but not the tables' folders
         output.discard_outside(done[0].folder, staged)
-    record_window(store, nxt)
+    record_window(store, committed)
     if plan.settings.by_sequence:
-        store.discard_window_files(_folded_at_once(done, nxt))
-    _collect_garbage(store, output, nxt, writer.run)
-    report = _report(plan, nxt, done, writer, batch_id)
+        store.discard_window_files(_folded_at_once(done, committed))
+    _collect_garbage(store, output, committed, writer.run)
+    report = _report(plan, committed, done, writer, batch_id)
     log.info(report.line())
     return report
 
@@ -228,7 +232,7 @@ def _apply_moves(
     done: list[TaskSummary],
     holders: list[Holder],
     moves: list[Moved],
-) -> list[WrittenKeys]:
+) -> list[WrittenWindowFile]:
     """Settlement moved rows between a task's ports: its files and counts follow. A task whose
     rows went to duplicate has its window file written again without their keys (the old file
     is left to the garbage collection, as a failed attempt's); keys promoted back to unique,
@@ -249,16 +253,16 @@ def _apply_moves(
     return promoted
 
 
-def _folded_at_once(done: list[TaskSummary], nxt: Manifest) -> list[str]:
+def _folded_at_once(done: list[TaskSummary], committed: Manifest) -> list[str]:
     """The tasks' window files this version both added and dropped (sequence dedup's fold):
     live in no version, so no reader ever reads them."""
     written = [s.written.window_file.name for s in done if s.written and s.written.window_file]
-    return [name for name in written if name not in nxt.files]
+    return [name for name in written if name not in committed.files]
 
 
 def _fold_producers(
     plan: SinkPlan, store: BucketStore, base: Manifest, done: list[TaskSummary]
-) -> list[WrittenKeys]:
+) -> list[WrittenWindowFile]:
     options = plan.options
     manager = manager_for(
         store,
@@ -274,9 +278,9 @@ def _fold_producers(
 
 def _window_file(
     plan: SinkPlan, store: BucketStore, base: Manifest, summary: TaskSummary, keys: StagedKeys
-) -> WrittenKeys:
+) -> WrittenWindowFile:
     """A window file of a task's partition holding these keys, as its task would write it."""
-    expiry_point = CommittedState(base.latest).expiry_point(plan.settings)
+    expiry_point = plan.settings.expiry_point(base.latest)
     buckets = bucket_of(plan.settings, keys.fingerprints, keys.stamps)
     new = NewKeys(keys.fingerprints.h1, keys.fingerprints.h2, buckets, keys.stamps)
     context = KeysContext(plan.settings, expiry_point, tuple(summary.new_categories))
@@ -321,22 +325,22 @@ def _collect_garbage(store: BucketStore, output: Output, manifest: Manifest, run
 
 
 def _report(
-    plan: SinkPlan, nxt: Manifest, done: list[TaskSummary], writer: Writer, batch_id: int
+    plan: SinkPlan, committed: Manifest, done: list[TaskSummary], writer: Writer, batch_id: int
 ) -> CommitReport:
     hits = sum(s.cache.hits for s in done if s.cache)
     misses = sum(s.cache.misses for s in done if s.cache)
-    last = nxt.last_window
+    last = committed.last_window
     settings = plan.settings
     return CommitReport(
-        version=nxt.version,
-        windows=int(nxt.totals.get("windows", 0)),
+        version=committed.version,
+        windows=int(committed.totals.get("windows", 0)),
         batch_id=batch_id,
         query_id=writer.query,
         counts=last.counts if last else WindowCounts(),
         cross_partition_duplicates=last.cross_partition_duplicates if last else 0,
-        store_files=len(nxt.files),
-        store_bytes=sum(wf.nbytes for wf in nxt.files.values()),
-        remembered=nxt.remembered_keys,
+        store_files=len(committed.files),
+        store_bytes=sum(wf.nbytes for wf in committed.files.values()),
+        remembered=committed.remembered_keys,
         cache_hit_rate=hits / (hits + misses) if hits + misses else None,
         assume_same_expiry=(
             settings.assume_same_expiry if settings.mode in TIME_BUCKET_MODES else None

@@ -199,7 +199,8 @@ def new_run() -> str:
 
 def batch_task(plan: SinkPlan) -> TaskIdentity:
     """A batch write's task: the write is a query of one window (batch 0), named by its id."""
-    from dedupsink.sink.plan import BATCH_WRITE_PREFIX, TaskIdentity
+    from dedupsink.sink.plan import TaskIdentity
+    from dedupsink.store.ownership import BATCH_WRITE_PREFIX
 
     context = TaskContext.get()
     if context is None:

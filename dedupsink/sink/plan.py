@@ -20,11 +20,9 @@ from dedupsink.ports.base import PortFormat
 from dedupsink.ports.formats import port_format
 from dedupsink.ports.output import Output, absolute_url
 from dedupsink.store.format import Manifest
-from dedupsink.store.ownership import Writer
+from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer
 from dedupsink.store.records import Publication
 from dedupsink.store.store import BucketStore, check_settings
-
-BATCH_WRITE_PREFIX = "batch-"
 
 # The configurations this process has checked against their store. Spark plans every
 # micro-batch again (and once more for its commit): the checks, a few requests on an object

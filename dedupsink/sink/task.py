@@ -27,11 +27,16 @@ from dedupsink.engine.classify import (
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.settings import Rows
 from dedupsink.ports.output import PortFile, PortWriters, staging_folder
-from dedupsink.sink.compaction import KeysContext, WrittenKeys, choose_folds, write_window_file
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
 from dedupsink.sink.worker import tune_worker_process
 from dedupsink.store.cache import BucketManager, CacheInfo, manager_for
+from dedupsink.store.compaction import (
+    KeysContext,
+    WrittenWindowFile,
+    choose_folds,
+    write_window_file,
+)
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import check_not_fenced
 from dedupsink.store.records import WindowCounts
@@ -55,7 +60,7 @@ class TaskSummary:
     files: list[PortFile] = field(default_factory=list)
     settlement: Settlement = field(default_factory=Settlement)
     counts: WindowCounts = field(default_factory=WindowCounts)
-    written: WrittenKeys | None = None
+    written: WrittenWindowFile | None = None
     max_stamp: float | None = None
     new_categories: list[str] = field(default_factory=list)
     cache: CacheInfo | None = None

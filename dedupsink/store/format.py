@@ -336,7 +336,7 @@ def concat_segments(
         if n and little is not None:
             stamps = np.frombuffer(lanes[2], dtype=little)
             if forget_at_or_below is not None:
-                alive = stamps > forget_at_or_below
+                alive = is_alive(stamps, forget_at_or_below)
                 if not alive.any():
                     continue
                 if each_key and not alive.all():

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 KEEP_FENCES = 32
 POLL_SECONDS = 0.5
 RELEASED_BY = "release"
+# A batch write commits as the query "batch-<run>": one window, then the store is released.
+BATCH_WRITE_PREFIX = "batch-"
 
 
 def now_ms() -> int:
@@ -64,7 +66,7 @@ class Writer:
 
 
 def describe_owner(owner: Owner, at_ms: int | None = None) -> str:
-    kind = "batch write" if owner.query.startswith("batch-") else "streaming query"
+    kind = "batch write" if owner.query.startswith(BATCH_WRITE_PREFIX) else "streaming query"
     age = "" if at_ms is None else f", last commit {(at_ms - owner.heartbeat_ms) / 1000:.1f}s ago"
     return f"{kind} {owner.query} (run {owner.run or '-'}{age})"
 

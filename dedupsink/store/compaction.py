@@ -4,7 +4,7 @@ Every window adds one segment per bucket it touched, per task. Without folding, 
 segments (and so the manifest, and a cold bucket's reads) would grow with the number of windows.
 The task of partition 0 folds up to ``COMPACT_BUCKETS_PER_WINDOW`` buckets that have more than
 ``COMPACT_ABOVE_SEGMENTS`` segments, writing each fold as one segment of its own window file;
-the commit replaces the folded segments with it (``nextversion.apply_compaction``).
+the commit replaces the folded segments with it (``transaction.FoldSegments``).
 
 * **Time buckets** (tupleTime and ordered under Assumption 1) stop receiving keys once their
   span has passed, so they are folded whole then (the current span's bucket is left alone:
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dedupsink.engine.classify import NewKeys, WindowClassifier, bucket_of, stamp_dtype
+from dedupsink.engine.expiry_policy import is_alive
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.sequence import highest_per_producer
 from dedupsink.engine.settings import Settings
@@ -62,7 +63,7 @@ class Fold:
 
 
 @dataclass
-class WrittenKeys:
+class WrittenWindowFile:
     """A task's window file as the commit needs it: the file, its segments, what they fold."""
 
     window_file: WindowFile | None
@@ -113,7 +114,7 @@ def choose_folds(
 def _alive(keys: DecodedSegment, forget_at_or_below: float | None) -> DecodedSegment:
     if forget_at_or_below is None or keys.stamps is None:
         return keys
-    keep = keys.stamps > forget_at_or_below
+    keep = is_alive(keys.stamps, forget_at_or_below)
     return DecodedSegment(keys.h1[keep], keys.h2[keep], keys.stamps[keep])
 
 
@@ -157,9 +158,9 @@ def write_window_file(
     new: NewKeys,
     partition: int,
     folds: list[Fold],
-) -> WrittenKeys:
+) -> WrittenWindowFile:
     """Write the task's new keys and its folds as one window file (none if both are empty)."""
-    written = WrittenKeys(None, {}, {}, len(new.h1))
+    written = WrittenWindowFile(None, {}, {}, len(new.h1))
     for fold in folds:
         written.supersedes[fold.bucket] = [s.ident for s in fold.segments]
     window = manifest.version + 1
@@ -212,8 +213,8 @@ def write_window_file(
 
 
 def fold_producers(
-    manager: BucketManager, base: Manifest, settings: Settings, written: list[WrittenKeys]
-) -> WrittenKeys | None:
+    manager: BucketManager, base: Manifest, settings: Settings, written: list[WrittenWindowFile]
+) -> WrittenWindowFile | None:
     """Sequence dedup's compaction, in the commit: every bucket the window's tasks wrote to
     becomes one segment holding each of its producers once, with its highest id (the base's
     keys and the tasks' merged, the largest stamp kept), superseding the base's segments and

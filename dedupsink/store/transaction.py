@@ -1,0 +1,370 @@
+"""A window's commit as the store applies it: typed requirements, typed updates, one create.
+
+As pyiceberg applies a table's updates, a ``Transaction`` holds the version it builds on (the
+*base*: the version the window's tasks classified against), the *requirements* that base must
+meet, and the *updates* that turn a copy of it into the next version. ``commit`` checks the
+requirements, applies the updates in order and creates the next manifest only if absent (the
+commit point): a writer that read an older version loses there, whatever it believed. Nothing
+here reads a row or knows Spark; the sink builds a window's updates from its tasks' summaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.engine.expiry_policy import ExpiryPolicy, is_expired
+from dedupsink.errors import StoreConflictError
+from dedupsink.store.compaction import WrittenWindowFile
+from dedupsink.store.format import Manifest, PortState, Segment
+from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer, check_not_fenced, next_owner
+from dedupsink.store.records import Publication, WindowCounts, WindowRecord
+from dedupsink.store.store import GARBAGE_EVERY, BucketStore, garbage_due
+
+KEEP_QUERIES = 32
+
+
+# -- requirements: what the base version must be ---------------------------------------------
+
+
+class Requirement(Protocol):
+    def validate(self, base: Manifest, store_url: str) -> None:
+        """Raise a ``StoreError`` if ``base`` does not meet the requirement."""
+
+
+@dataclass(frozen=True)
+class AssertBase:
+    """The window's tasks classified against this version of this store. The commit point's
+    conditional create enforces that it is still the latest when the next one is created."""
+
+    version: int
+    store_id: str
+
+    def validate(self, base: Manifest, store_url: str) -> None:
+        if (base.version, base.store_id) != (self.version, self.store_id):
+            raise StoreConflictError(
+                f"store {store_url} is at version {base.version} ({base.store_id}), not the "
+                f"version {self.version} ({self.store_id}) the window was classified against. "
+                "Restart the query to re-run the batch."
+            )
+
+
+@dataclass(frozen=True)
+class AssertNotFenced:
+    """The writer's run has not lost the store (docs/ARCHITECTURE.md, "Ownership")."""
+
+    writer: Writer
+
+    def validate(self, base: Manifest, store_url: str) -> None:
+        check_not_fenced(base, self.writer, store_url)
+
+
+@dataclass(frozen=True)
+class AssertBatchNew:
+    """The base has not committed this batch of this query: a re-run commits nothing."""
+
+    query: str
+    batch: int
+
+    def validate(self, base: Manifest, store_url: str) -> None:
+        if base.queries.get(self.query, -1) >= self.batch:
+            raise StoreConflictError(
+                f"store {store_url} has committed batch {self.batch} of query {self.query} "
+                f"already (version {base.version}): a re-run of it commits nothing."
+            )
+
+
+# -- updates: what the next version changes ---------------------------------------------------
+
+
+@dataclass
+class NextVersion:
+    """The next version while the updates apply, with what one update leaves for a later one."""
+
+    base: Manifest
+    manifest: Manifest
+    added: list[WrittenWindowFile] = field(default_factory=list)  # by ``AddWindowFiles``
+    dropped_keys: int = 0  # by ``DropExpiredFiles``
+
+
+class Update(Protocol):
+    def apply(self, next_version: NextVersion) -> None:
+        """Change ``next_version.manifest``, a copy the base shares no container with."""
+
+
+@dataclass(frozen=True)
+class SetOwner:
+    """The writer holds the store (a batch write releases it); a run it took it from is fenced."""
+
+    writer: Writer
+    now_ms: int
+
+    def apply(self, next_version: NextVersion) -> None:
+        manifest = next_version.manifest
+        manifest.owner, manifest.fenced = next_owner(
+            next_version.base, self.writer, manifest.version, self.now_ms
+        )
+
+
+@dataclass(frozen=True)
+class RecordBatch:
+    """Remember (query, batch), so a re-run of the batch is recognised and discarded.
+
+    Of batch writes only the committing one is kept: Spark never re-runs a committed batch
+    write, and a backfill of many would otherwise push a stopped stream's last batch out of
+    the list, which, re-run at the stream's restart, would then be committed twice."""
+
+    query: str
+    batch: int
+
+    def apply(self, next_version: NextVersion) -> None:
+        streams = [
+            (query, batch)
+            for query, batch in next_version.base.queries.items()
+            if query != self.query and not query.startswith(BATCH_WRITE_PREFIX)
+        ]
+        kept = dict(streams[-(KEEP_QUERIES - 1) :])
+        next_version.manifest.queries = {**kept, self.query: self.batch}
+
+
+@dataclass(frozen=True)
+class ForgetCollectedTombstones:
+    """Tombstones of files the base version's garbage collection deleted leave the list."""
+
+    def apply(self, next_version: NextVersion) -> None:
+        base, manifest = next_version.base, next_version.manifest
+        deleted = set(garbage_due(base)) if base.version % GARBAGE_EVERY == 0 else set()
+        kept = [(name, at) for name, at in manifest.tombstones if name not in deleted]
+        manifest.tombstones = kept
+
+
+@dataclass(frozen=True)
+class AddCategories:
+    """Categories the window's tasks found new, in order of first appearance."""
+
+    names: tuple[str, ...]
+
+    def apply(self, next_version: NextVersion) -> None:
+        categories = next_version.manifest.categories
+        for name in self.names:
+            if name not in categories:
+                categories.append(name)
+
+
+@dataclass(frozen=True)
+class AddWindowFiles:
+    """The window's files and their segments join the index. A file's provisional category
+    numbers become final here; a systemTime file's newest stamp is set by the latest point."""
+
+    files: tuple[WrittenWindowFile, ...]
+
+    def apply(self, next_version: NextVersion) -> None:
+        manifest = next_version.manifest
+        ordinals = manifest.category_ordinals()
+        for written in self.files:
+            next_version.added.append(written)
+            window_file = written.window_file
+            if window_file is None:
+                continue
+            if window_file.local_categories:
+                top = max(ordinals[name] for name in window_file.local_categories)
+                newest = top if window_file.max_stamp is None else max(window_file.max_stamp, top)
+                window_file = replace(window_file, max_stamp=newest)
+            manifest.files[window_file.name] = window_file
+            for bucket, segment in written.segments.items():
+                manifest.buckets.setdefault(bucket, []).append(segment)
+
+
+@dataclass(frozen=True)
+class FoldSegments:
+    """A folded segment replaces the segments it folded; files left with none are dropped.
+
+    Each file is replaced once, however many of its buckets were folded: a window folds dozens
+    of segments of the same few files, and a changed file's entry is packed again."""
+
+    supersedes: Mapping[int, Sequence[tuple[str, int]]]  # bucket -> the folded segments' idents
+
+    @classmethod
+    def of(cls, files: Sequence[WrittenWindowFile]) -> FoldSegments:
+        supersedes: dict[int, list[tuple[str, int]]] = {}
+        for written in files:
+            for bucket, idents in written.supersedes.items():
+                supersedes.setdefault(bucket, []).extend(idents)
+        return cls(supersedes)
+
+    def apply(self, next_version: NextVersion) -> None:
+        manifest = next_version.manifest
+        folded_from: dict[str, set[int]] = {}
+        for bucket, idents in self.supersedes.items():
+            folded = {tuple(ident) for ident in idents}
+            kept: list[Segment] = []
+            for segment in manifest.buckets.get(bucket, []):
+                if segment.ident in folded:
+                    folded_from.setdefault(segment.file, set()).add(bucket)
+                else:
+                    kept.append(segment)
+            manifest.buckets[bucket] = kept
+        for name, buckets in folded_from.items():
+            _drop_buckets_of_file(manifest, name, buckets)
+
+
+def _drop_buckets_of_file(manifest: Manifest, name: str, buckets: set[int]) -> None:
+    window_file = manifest.files.get(name)
+    if window_file is None:
+        return
+    remaining = [b for b in window_file.buckets if b not in buckets]
+    if remaining:
+        manifest.files[name] = replace(window_file, buckets=remaining)
+    else:
+        del manifest.files[name]
+        manifest.tombstones.append((name, manifest.version))
+
+
+@dataclass(frozen=True)
+class AdvanceLatestPoint:
+    """The latest point after the window (``ExpiryPolicy.next_latest_point``); in systemTime
+    it is the commit's time, which becomes the newest stamp of the window's files."""
+
+    policy: ExpiryPolicy
+    window_stamps: tuple[float, ...]  # each task's largest expiry value
+    now_us: int
+
+    def apply(self, next_version: NextVersion) -> None:
+        manifest = next_version.manifest
+        manifest.latest = self.policy.next_latest_point(
+            next_version.base.latest, self.window_stamps, len(manifest.categories), self.now_us
+        )
+        if self.policy.mode != "systemTime":
+            return
+        for written in next_version.added:
+            if written.window_file is not None:
+                name = written.window_file.name
+                manifest.files[name] = replace(manifest.files[name], max_stamp=manifest.latest)
+
+
+@dataclass(frozen=True)
+class DropExpiredFiles:
+    """Whole window files whose newest key is at or below the expiry point are forgotten."""
+
+    policy: ExpiryPolicy
+
+    def apply(self, next_version: NextVersion) -> None:
+        manifest = next_version.manifest
+        expiry_point = self.policy.expiry_point(manifest.latest)
+        if expiry_point is None:
+            return
+        expired = [
+            window_file
+            for window_file in manifest.files.values()
+            if window_file.max_stamp is not None and is_expired(window_file.max_stamp, expiry_point)
+        ]
+        for window_file in expired:
+            name = window_file.name
+            del manifest.files[name]
+            for bucket in window_file.buckets:
+                remaining = [s for s in manifest.buckets.get(bucket, []) if s.file != name]
+                if remaining:
+                    manifest.buckets[bucket] = remaining
+                else:
+                    manifest.buckets.pop(bucket, None)
+            manifest.tombstones.append((name, manifest.version))
+            next_version.dropped_keys += window_file.keys
+
+
+@dataclass(frozen=True)
+class RecordWindow:
+    """What the window did: its counts, added to the store's totals, and its record."""
+
+    query: str
+    batch: int
+    counts: WindowCounts
+    cross_partition_duplicates: int
+    task_seconds: float
+
+    def apply(self, next_version: NextVersion) -> None:
+        manifest = next_version.manifest
+        totals = manifest.totals
+        segments = [s for bucket in manifest.buckets.values() for s in bucket]
+        totals["remembered"] = sum(s.count for s in segments)
+        totals["windows"] = totals.get("windows", 0) + 1
+        for port in PORTS:
+            totals[port] = totals.get(port, 0) + self.counts[port]
+        manifest.last_window = WindowRecord(
+            window=manifest.version,
+            query=self.query,
+            batch=self.batch,
+            counts=self.counts,
+            new_keys=sum(written.new_keys for written in next_version.added),
+            cross_partition_duplicates=self.cross_partition_duplicates,
+            dropped_keys=next_version.dropped_keys,
+            task_seconds=round(self.task_seconds, 3),
+        )
+
+
+@dataclass(frozen=True)
+class RecordPublication:
+    """How the window's port files become readable, and each port's position after it."""
+
+    publication: Publication
+    ports: Mapping[str, PortState]
+
+    def apply(self, next_version: NextVersion) -> None:
+        next_version.manifest.ports.update(self.ports)
+        next_version.manifest.publication = self.publication
+
+
+# -- the transaction --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """The next version of a store, from ``base``: requirements checked, updates applied."""
+
+    base: Manifest
+    requirements: tuple[Requirement, ...]
+    updates: tuple[Update, ...]
+
+    def next_version(self, store_url: str, now_ms: int) -> Manifest:
+        for requirement in self.requirements:
+            requirement.validate(self.base, store_url)
+        building = NextVersion(self.base, _copy_as_next(self.base, now_ms))
+        for update in self.updates:
+            update.apply(building)
+        return building.manifest
+
+    def commit(self, store: BucketStore, now_ms: int) -> Manifest:
+        """Create the next version only if absent: the commit point (``StoreConflictError``
+        names the winner if another writer created it first)."""
+        manifest = self.next_version(store.url, now_ms)
+        store.commit(manifest)
+        return manifest
+
+
+def apply_updates(manifest: Manifest, updates: Sequence[Update]) -> Manifest:
+    """Apply ``updates`` to ``manifest`` in place, as to the next version of itself."""
+    building = NextVersion(manifest, manifest)
+    for update in updates:
+        update.apply(building)
+    return manifest
+
+
+def _copy_as_next(base: Manifest, now_ms: int) -> Manifest:
+    """A copy of ``base`` as version + 1, its containers copied (the base stays as read)."""
+    return replace(
+        base,
+        version=base.version + 1,
+        committed_ms=now_ms,
+        categories=list(base.categories),
+        files=dict(base.files),
+        buckets={bucket: list(segments) for bucket, segments in base.buckets.items()},
+        tombstones=list(base.tombstones),
+        ports={
+            port: replace(state, recent=None if state.recent is None else list(state.recent))
+            for port, state in base.ports.items()
+        },
+        totals=dict(base.totals),
+        publication=None,
+        last_window=None,
+    )
