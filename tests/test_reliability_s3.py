@@ -15,7 +15,6 @@ the files pyarrow reads.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,8 +25,8 @@ from streams import PORT_NAMES, files_under, port_rows, read_port, read_text, re
 
 from dedupsink.engine.classify import stamp_dtype
 from dedupsink.errors import StoreCorruptError
+from dedupsink.runtime import RUNTIME
 from dedupsink.sink.local import LocalSink
-from dedupsink.store import store as store_module
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.storage import Storage
 
@@ -147,9 +146,7 @@ def test_a_manifest_create_that_meets_a_fault_commits_the_window_once(
     assert sum(1 for n in files_under(place, "_store/_log")) == 3
 
 
-def test_a_truncated_window_file_on_s3_is_corrupt_naming_it(
-    s3: S3Server, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_truncated_window_file_on_s3_is_corrupt_naming_it(s3: S3Server) -> None:
     """Its segments now start past its end, which S3 answers with a 416: the store reads that
     as a short read and names the file, as on a local disk, rather than failing with the
     server's bare error."""
@@ -164,7 +161,7 @@ def test_a_truncated_window_file_on_s3_is_corrupt_naming_it(
     manifest = store.read()
     assert manifest is not None
     # Another process: no bucket cached, no window file remembered from writing it.
-    monkeypatch.setattr(store_module, "_written", OrderedDict())
+    RUNTIME.reset("store.written_files")
     fresh = BucketManager(store, BucketCache(1 << 20), stamp_dtype(settings)).use(manifest)
     with pytest.raises(StoreCorruptError) as caught:
         fresh.load(sorted(manifest.buckets), None)

@@ -51,6 +51,7 @@ from dedupsink.errors import StoreCorruptError
 from dedupsink.ports.output import Output
 from dedupsink.ports.repair import repair
 from dedupsink.ports.sparklog import parse_entry, status_line
+from dedupsink.runtime import RUNTIME
 from dedupsink.sink import settle as settle_module
 from dedupsink.sink.plan import TaskIdentity
 from dedupsink.sink.task import run_task
@@ -297,10 +298,7 @@ def committed_sink(root: Path, windows: int) -> InProcessSink:
 
 def fresh_worker() -> None:
     """Forget the process-wide bucket caches, as a new executor process would start."""
-    from dedupsink.store import cache
-
-    with cache._managers_lock:
-        cache._managers.clear()
+    RUNTIME.reset("store.bucket_managers")
 
 
 def damage(path: Path, how: str) -> None:

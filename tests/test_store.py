@@ -42,12 +42,12 @@ from dedupsink.engine.keyset import KeySet
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import DedupOptions
+from dedupsink.runtime import RUNTIME
 from dedupsink.sink import settle as settle_module
 from dedupsink.sink import task as task_module
 from dedupsink.sink.commit import CommitReport, commit_window
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.task import TaskSummary, run_task
-from dedupsink.store import cache as cache_module
 from dedupsink.store import compaction as compaction_module
 from dedupsink.store import transaction as transaction_module
 from dedupsink.store.cache import BucketCache, BucketManager
@@ -807,8 +807,7 @@ OWN_TIME = {"keys": "id", "expiryKey": "n", "expiryPeriod": "30", "assumeSameExp
 
 def forget_cached_buckets() -> None:
     """What a restart does to the executors' bucket caches: nothing survives it."""
-    with cache_module._managers_lock:
-        cache_module._managers.clear()
+    RUNTIME.reset("store.bucket_managers")
 
 
 def id_n_rows(output: Path) -> dict[str, Counter[tuple[int | None, int | None]]]:

@@ -38,6 +38,7 @@ from dedupsink.errors import DedupOptionError, PortTableError
 from dedupsink.options import OUTPUT_FORMAT, PATH
 from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
 from dedupsink.ports.output import Layout
+from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import Move, Publication
 from dedupsink.store.storage import Storage
 
@@ -55,13 +56,15 @@ TABLE_CONFIGURATION = {"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
 # Each table's latest commit where this process made it (by table URI): its log version and
 # the store and window it published. The next commit is the conditional create of the entry
 # after it.
-_own_commits: dict[str, OwnCommit] = {}
+_own_commits: dict[str, OwnCommit] = RUNTIME.cache("ports.delta_own_commits", dict)
 _CLIENT = "dedupsink"
 # The tables this process has read, by URI and storage options: brought up to date with the
 # commits since (one listing of the log) instead of read again from the last checkpoint, a
 # read that grows to a hundred commits between checkpoints. The driver's commit process lives
 # as long as the query.
-_tables: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_tables: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = RUNTIME.cache(
+    "ports.delta_tables", dict
+)
 
 
 @dataclass(frozen=True)

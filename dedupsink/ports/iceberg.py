@@ -27,6 +27,7 @@ from dedupsink.errors import DedupOptionError, PortTableError
 from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT, PATH
 from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
 from dedupsink.ports.output import Layout
+from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import Move, Publication
 from dedupsink.store.store import GARBAGE_EVERY as EXPIRE_EVERY
 
@@ -56,13 +57,17 @@ _ICEBERG_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3_600_000  # Iceberg's own defaults, for
 _ICEBERG_MIN_SNAPSHOTS = 1
 # A catalog per set of properties, per process: a SQL catalog opens a database engine, a REST
 # one authenticates; a commit in a long-lived driver process reuses it.
-_catalogs: dict[tuple[tuple[str, str], ...], Any] = {}
 _catalogs_lock = threading.Lock()
+_catalogs: dict[tuple[tuple[str, str], ...], Any] = RUNTIME.cache(
+    "ports.iceberg_catalogs", dict, _catalogs_lock
+)
 # The table handle each port's last commit in this process left, as of that commit: the next
 # window's commit starts from it instead of reading the table again (a read per port per
 # window). A handle another writer has overtaken only costs a failed commit and a read: the
 # catalog takes a commit only on top of the metadata it was made from.
-_committed: dict[tuple[tuple[tuple[str, str], ...], tuple[str, str]], Any] = {}
+_committed: dict[tuple[tuple[tuple[str, str], ...], tuple[str, str]], Any] = RUNTIME.cache(
+    "ports.iceberg_committed", dict
+)
 _COMMITTED_KEEP = 64
 
 

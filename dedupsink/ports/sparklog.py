@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from dedupsink.errors import StoreCorruptError
+from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import LogEntry, Publication
 
 if TYPE_CHECKING:
@@ -37,7 +38,9 @@ _URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides
 # again cost most of the entry's time (2.5 ms a port at 1,440 files, 25 ms at 10,080, growing
 # with every file the port ever logs; splitting: 0.4 and 5 ms): bytes that are still those are
 # split, not parsed. Bytes that differ are parsed, so damage is still refused, naming the line.
-_checked_compactions: dict[str, tuple[str, int]] = {}
+_checked_compactions: dict[str, tuple[str, int]] = RUNTIME.cache(
+    "ports.sparklog_checked_compactions", dict
+)
 
 
 def is_compaction(log_id: int) -> bool:

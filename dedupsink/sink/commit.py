@@ -31,6 +31,7 @@ from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import Output, PortFile
+from dedupsink.runtime import RUNTIME
 from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
@@ -53,11 +54,11 @@ log = logging.getLogger("dedupsink")
 # Versions this process published, by output (immutable facts: a published version stays
 # published), so a commit need not ask the filesystem about the version it published itself a
 # window ago.
-_published: set[tuple[str, str, int]] = set()
+_published: set[tuple[str, str, int]] = RUNTIME.cache("sink.published", set)
 # Query runs that have swept the staging folders of earlier runs, by output. A run stages in
 # folders of its own, so what a run killed before its commit staged for a window is left to the
 # first commit of the next run (or to the garbage collection every 16 versions).
-_swept: set[tuple[str, str]] = set()
+_swept: set[tuple[str, str]] = RUNTIME.cache("sink.swept_runs", set)
 
 
 @dataclass

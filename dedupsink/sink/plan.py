@@ -19,6 +19,7 @@ from dedupsink.options import PATH, STORE_PATH, DedupOptions
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.formats import port_format
 from dedupsink.ports.output import Output, absolute_url
+from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer
 from dedupsink.store.records import Publication
@@ -27,7 +28,7 @@ from dedupsink.store.store import BucketStore, check_settings
 # The configurations this process has checked against their store. Spark plans every
 # micro-batch again (and once more for its commit): the checks, a few requests on an object
 # store, are made once a process; tasks and commits check what they rely on themselves.
-_checked: set[tuple[str, ...]] = set()
+_checked: set[tuple[str, ...]] = RUNTIME.cache("sink.checked_plans", set)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import numpy as np
 from dedupsink.engine.classify import NewKeys
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import FILTER_FROM_KEYS, KeyFilter, KeySet
+from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import (
     DecodedSegment,
     Manifest,
@@ -639,8 +640,11 @@ def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest
     return resolved
 
 
-_managers: dict[tuple[str, str], BucketManager] = {}
+# Each store's bucket manager in this process, by store URL and id (``manager_for``).
 _managers_lock = threading.Lock()
+_managers: dict[tuple[str, str], BucketManager] = RUNTIME.cache(
+    "store.bucket_managers", dict, _managers_lock
+)
 
 
 def manager_for(

@@ -38,6 +38,7 @@ import pyarrow as pa
 from dedupsink.engine.settings import expiry_point_of
 from dedupsink.errors import DedupOptionError, StoreCorruptError
 from dedupsink.options import MICROS_PER_DAY, number_text, utc_text
+from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest
 from dedupsink.store.storage import Storage
 from dedupsink.store.store import BucketStore, find_store, recorded_settings
@@ -68,7 +69,7 @@ _HEADER = struct.Struct("<4sIQ")
 _READ_ATTEMPTS = 5  # a reader racing a compaction lists again this many times
 # Rows of the records this process created, by (store URL, store id, name): the compaction folds
 # them without reading them back (on an object store, fifteen requests every sixteen windows).
-_created: dict[tuple[str, str, str], list[Row]] = {}
+_created: dict[tuple[str, str, str], list[Row]] = RUNTIME.cache("store.created_history", dict)
 _CREATED_KEEP = 4 * FANOUT
 
 # The history's columns in order, with their Arrow types. ``committed_at`` is stored as

@@ -44,6 +44,7 @@ from dedupsink.options import (
 from dedupsink.options import (
     STORE_DIRNAME_DEFAULT as STORE_DIRNAME,
 )
+from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest, Segment
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.storage import Entry, Storage
@@ -108,17 +109,19 @@ class _KnownManifest:
         return self.manifest.version == version and self.data == data
 
 
-_known: dict[str, _KnownManifest] = {}
+_known: dict[str, _KnownManifest] = RUNTIME.cache("store.known_manifests", dict)
 
 # The window files this process wrote lately to a remote store, by store URL and name. A task's
 # own new keys are what its process reads first in the next window (its bucket cache merges
 # every committed segment), and reading them back costs a request per window on an object
 # store. Window files are immutable, and a segment is only ever fetched because a committed
 # manifest names it.
-_written: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 _WRITTEN_KEEP_BYTES = 32 << 20
 _WRITTEN_FILE_BYTES = 8 << 20
 _written_lock = threading.Lock()
+_written: OrderedDict[tuple[str, str], bytes] = RUNTIME.cache(
+    "store.written_files", OrderedDict, _written_lock
+)
 
 
 def _remember_written(url: str, name: str, data: bytes) -> None:
