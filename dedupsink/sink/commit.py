@@ -24,24 +24,21 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dedupsink.engine.classify import PORTS, NewKeys, bucket_of, stamp_dtype
+from dedupsink.engine.classify import stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import StoreConflictError, StoreOwnershipError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.ports.base import PortFormat
-from dedupsink.ports.encoding import port_schema
-from dedupsink.ports.output import Output, PortFile
+from dedupsink.ports.output import Output
 from dedupsink.runtime import RUNTIME
 from dedupsink.sink.plan import SinkPlan
-from dedupsink.sink.settle import Holder, Moved, StagedKeys, settle_window, staged_files
+from dedupsink.sink.settle import Holder, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
-from dedupsink.sink.window_updates import WindowCommit
-from dedupsink.store.cache import manager_for
-from dedupsink.store.compaction import (
-    KeysContext,
-    WrittenWindowFile,
-    fold_producers,
-    write_window_file,
+from dedupsink.sink.window_updates import (
+    WindowCommit,
+    cross_partition,
+    empty_port_files,
+    files_written_by_commit,
 )
 from dedupsink.store.format import Manifest
 from dedupsink.store.history import record_window
@@ -110,12 +107,10 @@ def commit_window(
     holders = [_holder(s) for s in done]
     try:
         moves = settle_window(output, holders, stamp_dtype(plan.settings))
-        promoted = _apply_moves(plan, store, base, done, holders, moves)
-        if plan.settings.by_sequence:
-            promoted += _fold_producers(plan, store, base, done)
-        schema_files = _schema_files(plan, output, base, done)
+        written = files_written_by_commit(plan, store, base, done, holders, moves)
+        schema_files = empty_port_files(plan, output, base, done)
         window = WindowCommit(plan, base, writer, batch_id, done, schema_files, now_ms())
-        transaction = window.transaction(promoted, _cross_partition(done, moves))
+        transaction = window.transaction(written, cross_partition(done, moves))
         committed = transaction.commit(store, window.now_ms)
     except (StoreConflictError, FileNotFoundError):
         # An earlier attempt of this very commit may have passed its commit point (and removed
@@ -226,93 +221,11 @@ def _holder(summary: TaskSummary) -> Holder:
     )
 
 
-def _apply_moves(
-    plan: SinkPlan,
-    store: BucketStore,
-    base: Manifest,
-    done: list[TaskSummary],
-    holders: list[Holder],
-    moves: list[Moved],
-) -> list[WrittenWindowFile]:
-    """Settlement moved rows between a task's ports: its files and counts follow. A task whose
-    rows went to duplicate has its window file written again without their keys (the old file
-    is left to the garbage collection, as a failed attempt's); keys promoted back to unique,
-    which their task left out of its own, get a window file of theirs, returned."""
-    by_holder = {id(h): s for h, s in zip(holders, done, strict=True)}
-    promoted = []
-    for move in moves:
-        summary = by_holder[id(move.holder)]
-        summary.files = move.holder.files
-        summary.counts = summary.counts.moved(move.rows, move.source, move.target)
-        if plan.settings.by_sequence:
-            continue  # the window files hold producers' highest ids, which no move changes
-        if move.still_kept is not None:
-            # Only partition 0 folds, and it keeps every key it found new: never demoted.
-            summary.written = _window_file(plan, store, base, summary, move.still_kept)
-        if move.keys is not None and len(move.keys):
-            promoted.append(_window_file(plan, store, base, summary, move.keys))
-    return promoted
-
-
 def _folded_at_once(done: list[TaskSummary], committed: Manifest) -> list[str]:
     """The tasks' window files this version both added and dropped (sequence dedup's fold):
     live in no version, so no reader ever reads them."""
     written = [s.written.window_file.name for s in done if s.written and s.written.window_file]
     return [name for name in written if name not in committed.files]
-
-
-def _fold_producers(
-    plan: SinkPlan, store: BucketStore, base: Manifest, done: list[TaskSummary]
-) -> list[WrittenWindowFile]:
-    options = plan.options
-    manager = manager_for(
-        store,
-        base,
-        options.max_cached_buckets,
-        stamp_dtype(plan.settings),
-        options.max_cache_memory.nbytes,
-    )
-    written = [s.written for s in done if s.written is not None]
-    folded = fold_producers(manager, base, plan.settings, written)
-    return [] if folded is None else [folded]
-
-
-def _window_file(
-    plan: SinkPlan, store: BucketStore, base: Manifest, summary: TaskSummary, keys: StagedKeys
-) -> WrittenWindowFile:
-    """A window file of a task's partition holding these keys, as its task would write it."""
-    expiry_point = plan.settings.expiry_point(base.latest)
-    buckets = bucket_of(plan.settings, keys.fingerprints, keys.stamps)
-    new = NewKeys(keys.fingerprints.h1, keys.fingerprints.h2, buckets, keys.stamps)
-    context = KeysContext(plan.settings, expiry_point, tuple(summary.new_categories))
-    return write_window_file(store, base, context, new, summary.identity.partition, [])
-
-
-def _cross_partition(done: list[TaskSummary], moves: list[Moved]) -> int:
-    """Rows that are duplicates because another partition of the window had the key too."""
-    yielded = sum(s.settlement.yielded for s in done)
-    demoted = sum(m.rows for m in moves if m.target == "duplicate")
-    promoted = sum(m.rows for m in moves if m.target == "unique")
-    return yielded + demoted - promoted
-
-
-def _schema_files(
-    plan: SinkPlan, output: Output, base: Manifest, done: list[TaskSummary]
-) -> list[PortFile]:
-    """An empty file for each port that has no file yet and no rows in this window: a port is
-    readable, with its schema, from the first committed window on."""
-    files: list[PortFile] = []
-    if not plan.ports.schema_files:
-        return files
-    for port in PORTS:
-        state = base.ports.get(port)
-        has_rows = any(f.port == port and f.rows > 0 for s in done for f in s.files)
-        if has_rows or (state is not None and state.files > 0):
-            continue
-        relative = f"{done[0].folder}/pschema-0.{port}.parquet"
-        size = output.write_table(relative, port_schema(port, plan.schema).empty_table())
-        files.append(PortFile(port, relative, 0, size))
-    return files
 
 
 def _collect_garbage(store: BucketStore, output: Output, manifest: Manifest, run: str) -> None:

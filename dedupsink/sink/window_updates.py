@@ -1,23 +1,33 @@
-"""A window's transaction, from what its tasks report: the sink's side of the store's commit.
+"""What a window's commit changes in the store, from what its tasks report.
 
 The store applies typed updates (``store/transaction.py``); this module says which ones a
-window makes, from its plan and its tasks' summaries, and plans its publication through the
-port format, which the store layer does not know.
+window makes (``WindowCommit.transaction``), writes the store files the commit adds itself
+(keys settlement moved between partitions, sequence dedup's fold) and the empty files that
+give a port without rows its schema, and plans the publication through the port format, which
+the store layer does not know.
 """
-
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
 
-from dedupsink.engine.classify import PORTS
-from dedupsink.ports.output import PortFile
+from dedupsink.engine.classify import PORTS, NewKeys, bucket_of, stamp_dtype
+from dedupsink.ports.encoding import port_schema
+from dedupsink.ports.output import Output, PortFile
 from dedupsink.sink.plan import SinkPlan
+from dedupsink.sink.settle import Holder, Moved, StagedKeys
 from dedupsink.sink.task import TaskSummary
-from dedupsink.store.compaction import WrittenWindowFile
+from dedupsink.store.cache import manager_for
+from dedupsink.store.compaction import (
+    KeysContext,
+    WrittenWindowFile,
+    fold_producers,
+    write_window_file,
+)
 from dedupsink.store.format import Manifest, PortState
 from dedupsink.store.ownership import Writer
 from dedupsink.store.records import LogEntry, Move, Publication, WindowCounts
+from dedupsink.store.store import BucketStore
 from dedupsink.store.transaction import (
     AddCategories,
     AddWindowFiles,
@@ -109,3 +119,100 @@ class WindowCommit:
 
 def _copy(state: PortState) -> PortState:
     return replace(state, recent=None if state.recent is None else list(state.recent))
+
+
+def files_written_by_commit(
+    plan: SinkPlan,
+    store: BucketStore,
+    base: Manifest,
+    done: list[TaskSummary],
+    holders: list[Holder],
+    moves: list[Moved],
+) -> list[WrittenWindowFile]:
+    """The window files the commit writes itself: keys settlement moved, sequence dedup's fold."""
+    written = _apply_moves(plan, store, base, done, holders, moves)
+    if plan.settings.by_sequence:
+        written += _fold_producers(plan, store, base, done)
+    return written
+
+
+def _apply_moves(
+    plan: SinkPlan,
+    store: BucketStore,
+    base: Manifest,
+    done: list[TaskSummary],
+    holders: list[Holder],
+    moves: list[Moved],
+) -> list[WrittenWindowFile]:
+    """Settlement moved rows between a task's ports: its files and counts follow. A task whose
+    rows went to duplicate has its window file written again without their keys (the old file
+    is left to the garbage collection, as a failed attempt's); keys promoted back to unique,
+    which their task left out of its own, get a window file of theirs, returned."""
+    by_holder = {id(h): s for h, s in zip(holders, done, strict=True)}
+    promoted = []
+    for move in moves:
+        summary = by_holder[id(move.holder)]
+        summary.files = move.holder.files
+        summary.counts = summary.counts.moved(move.rows, move.source, move.target)
+        if plan.settings.by_sequence:
+            continue  # the window files hold producers' highest ids, which no move changes
+        if move.still_kept is not None:
+            # Only partition 0 folds, and it keeps every key it found new: never demoted.
+            summary.written = _window_file(plan, store, base, summary, move.still_kept)
+        if move.keys is not None and len(move.keys):
+            promoted.append(_window_file(plan, store, base, summary, move.keys))
+    return promoted
+
+
+def _fold_producers(
+    plan: SinkPlan, store: BucketStore, base: Manifest, done: list[TaskSummary]
+) -> list[WrittenWindowFile]:
+    options = plan.options
+    manager = manager_for(
+        store,
+        base,
+        options.max_cached_buckets,
+        stamp_dtype(plan.settings),
+        options.max_cache_memory.nbytes,
+    )
+    written = [s.written for s in done if s.written is not None]
+    folded = fold_producers(manager, base, plan.settings, written)
+    return [] if folded is None else [folded]
+
+
+def _window_file(
+    plan: SinkPlan, store: BucketStore, base: Manifest, summary: TaskSummary, keys: StagedKeys
+) -> WrittenWindowFile:
+    """A window file of a task's partition holding these keys, as its task would write it."""
+    expiry_point = plan.settings.expiry_point(base.latest)
+    buckets = bucket_of(plan.settings, keys.fingerprints, keys.stamps)
+    new = NewKeys(keys.fingerprints.h1, keys.fingerprints.h2, buckets, keys.stamps)
+    context = KeysContext(plan.settings, expiry_point, tuple(summary.new_categories))
+    return write_window_file(store, base, context, new, summary.identity.partition, [])
+
+
+def cross_partition(done: list[TaskSummary], moves: list[Moved]) -> int:
+    """Rows that are duplicates because another partition of the window had the key too."""
+    yielded = sum(s.settlement.yielded for s in done)
+    demoted = sum(m.rows for m in moves if m.target == "duplicate")
+    promoted = sum(m.rows for m in moves if m.target == "unique")
+    return yielded + demoted - promoted
+
+
+def empty_port_files(
+    plan: SinkPlan, output: Output, base: Manifest, done: list[TaskSummary]
+) -> list[PortFile]:
+    """An empty file for each port that has no file yet and no rows in this window: a port is
+    readable, with its schema, from the first committed window on."""
+    files: list[PortFile] = []
+    if not plan.ports.schema_files:
+        return files
+    for port in PORTS:
+        state = base.ports.get(port)
+        has_rows = any(f.port == port and f.rows > 0 for s in done for f in s.files)
+        if has_rows or (state is not None and state.files > 0):
+            continue
+        relative = f"{done[0].folder}/pschema-0.{port}.parquet"
+        size = output.write_table(relative, port_schema(port, plan.schema).empty_table())
+        files.append(PortFile(port, relative, 0, size))
+    return files
