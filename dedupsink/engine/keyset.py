@@ -95,7 +95,7 @@ class KeySet:
         """Both sets in one. A few keys go into a much larger set at their sorted positions,
         which copies the larger set once; otherwise the two are joined end to end and sorted
         with a stable sort, which finds them as two sorted runs and merges them in one pass
-        (4-5 ns a key, against 6-8 for placing; placing wins only from ``_PLACE_FROM``).
+        (cheaper per key than placing, which wins only from ``_PLACE_FROM``).
         Sorting holds the joined lanes and the permutation beside the result, twice the
         transient memory of placing: merges larger than ``_SORT_UP_TO`` keys place."""
         if len(other) == 0:

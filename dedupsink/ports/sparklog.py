@@ -34,9 +34,9 @@ _BLOCK_SIZE = 128 * 1024 * 1024
 _URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides [A-Za-z0-9_.~-]
 # Per port log directory, the last compaction entry this process wrote or parsed whole, with
 # the CRC-32 of its bytes. The next compaction repeats every line of that one, and parsing them
-# again cost most of the entry's time (2.5 ms a port at 1,440 files, 25 ms at 10,080, growing
-# with every file the port ever logs; splitting: 0.4 and 5 ms): bytes that are still those are
-# split, not parsed. Bytes that differ are parsed, so damage is still refused, naming the line.
+# again cost most of the entry's time, growing with every file the port ever logs (bench/
+# RESULTS.md, "Figures formerly in code comments"): bytes that are still those are split, not
+# parsed. Bytes that differ are parsed, so damage is still refused, naming the line.
 _checked_compactions: dict[str, tuple[str, int]] = {}
 
 

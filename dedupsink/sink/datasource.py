@@ -261,8 +261,8 @@ class DedupHistoryReader(DataSourceReader):
 # The history's columns (``store.history.COLUMNS``) in Spark's types. Spark asks a data source
 # for its schema before a write too, in a process of its own (``create_data_source``) that does
 # nothing else and stays for the session: spelled out here, that process imports no pyarrow
-# (13 MB of its PSS; bench/RESULTS.md, "Memory as installed"). A test holds it equal to the
-# history's Arrow schema.
+# (a large part of its memory; bench/RESULTS.md, "Memory as installed"). A test holds it equal
+# to the history's Arrow schema.
 _HISTORY_COLUMNS: tuple[tuple[str, type[DataType]], ...] = (
     ("version", LongType),
     ("query_id", StringType),

@@ -183,8 +183,8 @@ def _fold_ratio(bulk: int, added: int) -> float:
     the merges between two folds of it), least when the runs span the bulk in equal steps:
     ``r = (bulk / added) ** (1 / k)``. A time bucket fills within its span and stays near the
     fixed quarter; a hash bucket receives a few keys every window for the whole expiry period,
-    and there a fixed ratio made each window's merge cost grow with the bucket (a day of 64
-    buckets at 18,000 new keys a window: 2.4x), as did two runs (1.9x)."""
+    and there a fixed ratio made each window's merge cost grow with the bucket, as did two runs
+    (bench/RESULTS.md, "Figures formerly in code comments")."""
     return max(_FOLD_RATIO, (bulk / (2 * added)) ** (1 / _RUNS))
 
 

@@ -91,7 +91,7 @@ class _KnownManifest:
     """The manifest a process last wrote or decoded for a store, with its bytes and what
     identifies its file. Versions are immutable (created only if absent), so the same version
     of the same store, with the same listed size and tag, is the same manifest: a window reads
-    it in its tasks and again in its commit, and decoding costs ~2 us per live window file. A
+    it in its tasks and again in its commit, and decoding grows with its live window files. A
     version this process wrote has no listing yet; the next read compares its bytes instead."""
 
     def __init__(self, manifest: Manifest, data: bytes, entry: Entry | None) -> None:
