@@ -5,12 +5,9 @@ Layout under the store root::
     _log/<version:012d>.manifest    one immutable manifest per committed version (last 16 kept)
     data/<window file>.keys          window files (immutable; named w<window>-p<partition>-<id>)
 
-A version becomes visible by a conditional create of its manifest (``Storage.create``): of
-two writers committing the same version, exactly one succeeds and the other gets
-``StoreConflictError`` naming the winner. A crash at any point leaves the previous version
-intact. Files a new version no longer references are deleted later (in batches, every
-``GARBAGE_EVERY`` versions, at least two versions after they left the index), so a reader of an
-older version is not disturbed.
+A version is committed by the conditional create of its manifest (``Storage.create``): of two
+writers exactly one succeeds, the other gets ``StoreConflictError``. Unreferenced files are
+deleted later, in batches, so a reader of an older version is not disturbed.
 """
 
 from __future__ import annotations
