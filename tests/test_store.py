@@ -1435,7 +1435,13 @@ def test_staged_keys_read_back_in_their_task_order(stamp_dtype: np.dtype | None)
 def test_a_task_yields_exactly_the_keys_a_lower_task_staged(tmp_path: Path, size: int) -> None:
     from dedupsink.engine.fingerprint import Fingerprints
     from dedupsink.ports.output import Output
-    from dedupsink.sink.settle import SortedKeys, StagedKeys, _staged, _yielded_to, stage_keys
+    from dedupsink.sink.settle import (
+        SortedKeys,
+        StagedKeys,
+        _listed_keys_files,
+        _yielded_to,
+        stage_keys,
+    )
 
     rng = np.random.default_rng(3)
     words = rng.integers(0, 2**64 - 1, (2, 2 * size), dtype=np.uint64)
@@ -1450,6 +1456,6 @@ def test_a_task_yields_exactly_the_keys_a_lower_task_staged(tmp_path: Path, size
     output = Output(str(tmp_path / "out"))
     folder = "_staging/w0000000001-q-0"
     stage_keys(output, folder, 0, 0, SortedKeys.of(StagedKeys(theirs, stamps)))
-    lower = _staged(output, folder)
+    lower = _listed_keys_files(output, folder)
     yielded = _yielded_to(output, folder, lower, SortedKeys.of(StagedKeys(mine, stamps)))
     assert sorted(np.flatnonzero(yielded).tolist()) == sorted(shared.tolist())

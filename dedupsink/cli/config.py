@@ -1,14 +1,9 @@
 """Job config files: ``key = value`` lines read into a ``JobConfig``.
 
-Format: one ``key = value`` per line; a line starting with ``#`` is a comment, and so is
-anything after a ``#`` that follows whitespace; a line ending with ``\\`` continues on the
-next. Keys are the source keys (``source.format``, ``source.path``, ``source.schema``,
-``source.option.<name>``), the sink options of the product spec (case-insensitive, as in
-Spark), ``checkpointLocation``, ``trigger`` and ``spark.<name>`` (passed to the SparkSession
-builder verbatim). ``--set key=value`` on the command line adds or overrides keys. An unknown
-or repeated key is an error naming it (with a did-you-mean hint). Relative paths
-(``source.path``, ``path``, ``storePath``, ``checkpointLocation``) resolve against the
-current directory; URLs with a scheme (``hdfs://``, ``file://``, ``s3://``…) are kept.
+``#`` starts a comment (at a line's start or after whitespace), a trailing ``\\`` continues a
+line. Keys: ``source.*``, the sink options (case-insensitive), ``checkpointLocation``,
+``trigger`` and ``spark.<name>``; ``--set key=value`` overrides. An unknown or repeated key is
+an error naming it; relative paths resolve against the current directory.
 """
 
 from __future__ import annotations

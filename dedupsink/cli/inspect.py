@@ -138,7 +138,7 @@ def _store_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
         "remembered_keys": manifest.remembered_keys,
         "index": {
             "window_files": len(manifest.files),
-            "bytes": sum(wf.nbytes for wf in manifest.files.values()),
+            "bytes": sum(window_file.nbytes for window_file in manifest.files.values()),
         },
         "owner": _owner_part(manifest.owner),
         "fenced": [

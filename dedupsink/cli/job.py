@@ -104,7 +104,7 @@ def prepare(config: JobConfig, check_source: bool = True) -> PreparedJob:
         job.notes.append("no source.schema: keys are checked against the stream when it starts")
     if check_source:
         job.source_files = check_source_path(config, source_format, job.notes)
-    job.manifest = check_store(config, job)
+    job.manifest = checked_manifest(config, job)
     if trigger.kind != "batch":  # a batch job has no checkpoint
         check_checkpoint(config, job)
     return job
@@ -227,7 +227,7 @@ def _hidden(name: str) -> bool:
     return basename(name).startswith((".", "_"))
 
 
-def check_store(config: JobConfig, job: PreparedJob) -> Manifest | None:
+def checked_manifest(config: JobConfig, job: PreparedJob) -> Manifest | None:
     """The store's latest manifest, if it exists; its settings must match the job's. The output
     and the store are checked first as the sink checks them when its query starts: a missing
     bucket, refused credentials or an endpoint where nothing answers fail here, before Spark."""

@@ -1,22 +1,10 @@
 """``dedupsink lookup``: is a key remembered by a store's latest version, since when, until when.
 
-The values given for the key columns are parsed by the types the store recorded (``keys``,
-``key_types``), put into a one-row Arrow table and fingerprinted by the engine's own
-``fingerprint`` over ``column(...)`` of each key, as ``WindowClassifier`` does, so the key gets
-the same 128-bit fingerprint and the same bucket (``bucket_of``). The bucket's segments are read
-through ``BucketManager.read_segments`` (final stamps: categories and systemTime window times
-resolved), not decoded here.
-
-In the time-bucket modes (tupleTime and ordered with ``assumeSameExpiry``) a key's bucket
-depends on its expiry value. When the expiry key is one of the key columns, or ``expiry`` is
-given, only that bucket is read; otherwise every bucket's segments are searched (the whole
-index: slower on a large store, but a user who finds a row in ``duplicate/`` rarely knows the
-original's expiry value).
-
-A remembered key reports the window whose window file holds it (the file's version) and that
-version's history row (query, batch, commit time). A compaction folds older segments into a
-later window's file; when a window's files hold more keys than its history row says it added,
-the window is reported as an upper bound (``window_is_upper_bound``).
+The key's values are parsed by the store's recorded key types and fingerprinted as
+``WindowClassifier`` does, so they land in the same bucket, whose segments are read through
+``BucketManager.read_segments``. In the time-bucket modes without the expiry value every
+bucket is searched. After a compaction folded older segments into a later window's file, the
+window reported is an upper bound (``window_is_upper_bound``).
 """
 
 from __future__ import annotations

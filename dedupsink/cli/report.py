@@ -1,17 +1,9 @@
 """``dedupsink report``: the store's history drawn as charts in one HTML page, without Spark.
 
-The rows are those of ``dedupsink history`` (``store/history.py``). The page is drawn here as
-inline SVG and needs nothing else: no script, no font, no stylesheet or image to fetch (its
-Content-Security-Policy forbids every request), so it opens from a CI artifact or a mail
-attachment as it was written.
-
-One x position (a *column*) per window, oldest left, in five charts: rows per port (stacked
-bars), the duplicate and expired shares of the window's rows, remembered keys, the store's
-bytes, and the latest and expiry points. Over ``MAX_COLUMNS`` windows, consecutive windows are
-drawn in groups of ``ceil(windows / MAX_COLUMNS)``: rows are summed, shares are those of the
-sums, the other series are as of the group's last window; the summary table counts every
-window. The page stays about 300 kB however long the history. An empty history is a page that
-says so (and the command succeeds), as ``dedupsink history`` prints a line that says so.
+The rows are ``dedupsink history``'s, drawn as inline SVG: the page fetches nothing (its
+Content-Security-Policy forbids every request), so it opens from a CI artifact as written.
+One column per window in five charts; over ``MAX_COLUMNS`` windows, consecutive windows are
+grouped (rows summed, other series as of the group's last window), so the page stays small.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """``dedupsink run``: start a job's streaming query, report each batch, summarise, release.
 
-The CLI process follows the query through the store, not through Spark callbacks: between
-``awaitTermination(timeout)`` calls (which return at once when the query ends) it reads the
-manifests committed since it last looked; each one written by this query carries the counts of
-its window (``last_window``), which gives one line per batch. Ctrl-C asks the query to stop
-between batches (a second Ctrl-C stops it at once; an interrupted batch is never published).
-When the query has ended the owner lease is released, so the next run can take the store at
-once.
-
-Unless the config sets ``checkpointLocation``, each run gets a fresh checkpoint under
-``<path>/_checkpoints/`` (in a local temporary folder when Spark has no filesystem for the
-output's URL: ``job.checkpoint_for``) that is removed when the run ends: the source is read
-again from the start on every run, while the store, which remembers the keys, persists.
+The CLI follows the query through the store, not Spark callbacks: between
+``awaitTermination(timeout)`` calls it prints a line per manifest this query committed. Ctrl-C
+stops the query between batches (twice: at once); at the end the owner lease is released.
+Without ``checkpointLocation`` each run gets a fresh checkpoint (``job.checkpoint_for``),
+removed at the end: the source is read again, while the store remembers the keys.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """A Spark home for the Spark that ``dedupsink run`` starts, whose Python archives carry bytecode.
 
-PySpark's wheel ships ``python/lib/pyspark.zip`` (and py4j's zip) as sources only, and Python
-never writes bytecode into an archive: every Python process Spark starts for a query compiles
-PySpark again, about a second each on 2 cores. A streaming query's first micro-batch starts five
-of them one after the other (the lookup of the ``dedup`` format, the write's planner, the task
-workers' daemon, and two for the commit), while Spark's own Parquet sink starts none.
-
-``run`` (and whoever sets ``SPARK_HOME`` to what ``dedupsink spark-home`` prints) points Spark
-at a home in the user's cache that links to the installed one entry by entry, but for copies of
-the archives with a ``.pyc`` beside each module: hash-checked, so never used for a changed
-source, and ignored by another Python version. Nothing installed changes and no other program
-sees it. The first use builds it (a few seconds, once per PySpark installation and Python
-version); a home whose archives already carry bytecode (a precompiled image) is used as it is.
+PySpark's wheel ships its archives as sources only, so every Python process Spark starts
+compiles PySpark again (five of them before a query's first micro-batch). ``run`` points Spark
+at a home in the user's cache that links to the installed one, but for copies of the archives
+with hash-checked ``.pyc`` files; built on first use, once per PySpark and Python version.
 ``DEDUPSINK_SPARK_HOME=installed`` turns it off.
 """
 

@@ -1,15 +1,9 @@
 """128-bit fingerprints of key columns, computed column-wise over Arrow with numpy.
 
-A key (one or more columns, nested struct fields flattened in order) is reduced to two
-independent 64-bit lanes ``(h1, h2)``. Values are fed as little-endian 64-bit words: fixed-width
-types word by word, variable-length strings and binaries eight bytes at a time followed by
-their length, so that ``"ab"`` and ``"ab\\0"`` differ. No Python runs per row: strings are read
-through an overlapping 8-byte window over Arrow's data buffer, grouped by word count; values
-over 128 bytes (rare as keys) are first digested with BLAKE2b, one call each.
-
-Two different keys collide with probability about 2^-128 per pair, so among ``n`` remembered
-keys the chance of any false duplicate is at most n^2 / 2^129 (about 1.5e-15 for 10^12 keys).
-The hash is not keyed: it guards against accident, not against an adversary who picks keys.
+A key (its columns, nested struct fields flattened in order) becomes two independent 64-bit
+lanes ``(h1, h2)``, fed little-endian 64-bit words, with no Python per row. Among ``n``
+remembered keys the chance of any false duplicate is at most n^2 / 2^129. The hash is not
+keyed: it guards against accident, not against an adversary who picks keys.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """A sorted set of key fingerprints with their expiry values: one bucket's remembered keys.
 
-Kept as three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the
-largest stamp wins), so membership is a vectorised binary search and merging one pass of a
-stable sort over two sorted runs (or, for a few keys or a very large merge, their placement).
-A set knows whether two of its keys share ``h1`` (a 64-bit collision, settled by ``h2``): only
-then does a lookup look past the first key of each ``h1``.
-``KeyFilter`` is the blocked Bloom filter a bucket manager keeps over its large cached buckets
-(at least eight bits per key, rounded up to a power of two): most lookups are of keys never
-seen, and the filter turns away 97-99% of them before the binary searches, whose cost grows
-with the bucket.
+Three aligned numpy arrays sorted by ``h1``, one entry per fingerprint (the largest stamp wins):
+membership is a vectorised binary search, a merge one stable sort over two sorted runs.
+``KeyFilter`` is the Bloom filter a bucket manager keeps over its large buckets: most lookups
+are of keys never seen, which it turns away before the searches, whose cost grows with a bucket.
 """
 
 from __future__ import annotations
@@ -96,7 +91,7 @@ class KeySet:
         """Both sets in one. A few keys go into a much larger set at their sorted positions,
         which copies the larger set once; otherwise the two are joined end to end and sorted
         with a stable sort, which finds them as two sorted runs and merges them in one pass
-        (4-5 ns a key, against 6-8 for placing; placing wins only from ``_PLACE_FROM``).
+        (cheaper per key than placing, which wins only from ``_PLACE_FROM``).
         Sorting holds the joined lanes and the permutation beside the result, twice the
         transient memory of placing: merges larger than ``_SORT_UP_TO`` keys place."""
         if len(other) == 0:
@@ -257,19 +252,11 @@ class KeySet:
 
 
 class KeyFilter:
-    """A blocked Bloom filter: each key sets up to four bits of one 64-bit word, the word
-    chosen by the top bits of ``h1`` and the bits by the low 24 bits of ``h2``, an independent
-    hash (the low bits of ``h1`` choose a hash bucket, so every key of a bucket shares them).
-    A word without all of a query's bits means "not here".
-
-    One word costs one memory access, as one byte did, and four bits in it turn away far more:
-    at one to two bytes a key, 0.7-3.3% of absent keys pass where 4.5-6% passed with two bits of
-    a byte. Each one that passes costs a binary search of every set of the bucket.
-
-    Bits are only ever set, so one filter serves the successive versions of the buckets it
-    covers, each adding its new keys in place: a bit set for a key that only a newer version
-    holds costs an older one a search, never a wrong answer. Keys dropped from the sets keep
-    their bits until the filter is replaced, with the same cost and no other."""
+    """A blocked Bloom filter: each key sets up to four bits of one 64-bit word (the word from
+    ``h1``'s top bits, the bits from ``h2``: ``h1``'s low bits are shared by a bucket's keys), so
+    a probe is one memory access; a word lacking any of a query's bits means "not here". Bits
+    are only ever set: a stale bit costs a search, never a wrong answer, so one filter serves
+    the successive versions of its buckets."""
 
     def __init__(self, keys: int) -> None:
         words_log2 = _filter_bytes_log2(keys) - 3

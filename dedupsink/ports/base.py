@@ -1,14 +1,9 @@
 """The seam between the commit and the ports: one ``PortFormat`` class per output format.
 
-A format decides where a task's port files go (its ``Layout``), what a window's publication
-record lists for each port (``plan_port``), how a committed window becomes readable
-(``publish``, idempotent: redone after a crash, by a re-run or by two processes at once, it
-adds nothing), whether it has (``is_published``), and what ``inspect`` and ``repair`` show.
-At query start, on the driver and before any output, ``check_tables`` refuses what cannot work
-(a missing extra, a catalog out of reach, a table whose schema differs) and ``create_tables``
-makes the tables a format needs, or leaves them to the first commit
-(``create_deferred_tables``) where making them at the start would only cost time. A fourth
-format is one module with one such class, added to ``formats.FORMATS``.
+A format decides where a task's port files go (``Layout``), what a window's publication lists
+per port (``plan_port``), how a committed window becomes readable (``publish``, idempotent),
+and checks and creates its tables when a query starts (``check_tables``, ``create_tables``).
+A new format is one module with one such class, added to ``formats.FORMATS``.
 """
 
 from __future__ import annotations

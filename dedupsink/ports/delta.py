@@ -1,27 +1,11 @@
 """Delta Lake ports: each port a Delta table at ``<path>/<port>``.
 
-Tasks write their Parquet files straight into the table's folder: a file that no Delta commit
-names is invisible to every Delta reader, so nothing is copied or renamed. Publishing a window
-is one Delta commit per port with rows, adding its files and carrying an application
-transaction: app id ``dedupsink-<store id>-<port>``, version = the store version (Delta's
-``txnAppId``/``txnVersion``). Every commit is the conditional create of the table's next log
-entry, so of two writers of one table version one fails.
-
-Two ways to commit, both safe to redo:
-
-* **Known table** (the steady state): this process made the table's latest commit, version
-  ``v``. The window's commit is written as log entry ``v + 1`` by the storage layer's
-  conditional create, the store's own (a hard link locally, ``If-None-Match: *`` on S3, ...):
-  one request. If it succeeds, nothing was committed to the table since ``v``, so nobody
-  published this window (publications follow the store's versions in order); if the entry
-  exists, the table changed and the commit falls back to the other way.
-* **Unknown table** (a new process, or after a conflict): delta-rs reads the table; a
-  publisher that finds the app id's version at the window's adds nothing (a publication
-  redone after a crash, by a re-run or by another process); otherwise delta-rs commits, told
-  not to retry, so a loser reads the table again and finds the winner's transaction.
-
-Every tenth version delta-rs writes a checkpoint, as Spark's Delta does, so readers replay at
-most ten commits.
+Tasks write their Parquet files straight into the table's folder (a file no Delta commit names
+is invisible). Publishing a window is one Delta commit per port with rows, carrying the
+application transaction ``dedupsink-<store id>-<port>`` at the store version, so a redone
+publication finds it and adds nothing. When this process made the table's latest commit, the
+next log entry is written by the storage's conditional create (one request); otherwise, or
+after a conflict, delta-rs reads the table and commits without retrying.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Iceberg ports: each port an Iceberg table ``<namespace>.<table>_<port>`` at ``<path>/<port>``.
 
-The catalog is given by ``iceberg.catalog.<property>`` options, passed to pyiceberg's
-``load_catalog`` (REST, SQL, Glue, Hive, ...); on a local ``path`` with none, an embedded SQL
-catalog in the SQLite file ``<path>/_iceberg_catalog.db`` serves. Tasks write their Parquet
-files under ``<path>/<port>/data/``, where no Iceberg reader sees them until a snapshot lists
-them. Publishing a window adds a port's files in one snapshot (``Table.add_files``) whose
-summary records the store and its version; a publisher first looks for that version among the
-table's snapshots, so a publication redone after a crash, by a re-run or by a second process
-adds nothing. The catalog's commit is conditional (it swaps the table's metadata only from the
-one the commit read) and pyiceberg is told not to retry it, so of two racing publishers one
-fails, reads the table again and finds the other's snapshot.
+The catalog comes from ``iceberg.catalog.<property>`` options (pyiceberg's ``load_catalog``);
+on a local ``path`` without one, an embedded SQLite catalog at ``<path>/_iceberg_catalog.db``.
+Publishing a window adds a port's files in one snapshot whose summary records the store version,
+so a redone publication finds it and adds nothing; the catalog's commit is conditional and not
+retried, so of two racing publishers one fails and then finds the other's snapshot.
 """
 
 from __future__ import annotations

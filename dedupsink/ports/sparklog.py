@@ -1,18 +1,10 @@
 """Spark's file-sink log of each port, so that Spark's readers see whole windows only.
 
-A directory holding ``_spark_metadata/`` is read by ``spark.read.parquet`` and
-``spark.readStream.parquet`` through that log alone. Entry ``n`` (a file named ``n``) holds
-``v1`` and one JSON file status per line: the files of the port's ``n``-th window. Every tenth
-entry (``n + 1`` divisible by 10) is a *compaction*, ``n.compact``, which repeats every file
-logged before it; readers then skip the entries it replaces.
-
-Each entry is written by a conditional create and its bytes follow from the window's
-publication record alone (the sizes and the modification time are recorded there, not asked of
-the filesystem), so a publication redone after a crash, or by two processes at once, writes
-the same entry once. A compaction is built from the previous compaction (read and checked:
-damage is refused, naming the entry, instead of being copied forward) and the files logged
-since, which the store records; a damaged delta entry is thereby replaced at the next
-compaction.
+``spark.read.parquet`` reads a folder holding ``_spark_metadata/`` through that log alone:
+entry ``n`` lists the files of the port's ``n``-th window, and every tenth is a compaction
+repeating all files before it. Each entry is a conditional create whose bytes follow from the
+window's publication record alone, so a redone publication writes the same entry once; a
+compaction is built from the previous one (checked: damage is refused, not copied forward).
 """
 
 from __future__ import annotations
@@ -35,9 +27,9 @@ _BLOCK_SIZE = 128 * 1024 * 1024
 _URI_PATH_SAFE = "/:@&=+$,;!*'()"  # what a URI path may hold unescaped, besides [A-Za-z0-9_.~-]
 # Per port log directory, the last compaction entry this process wrote or parsed whole, with
 # the CRC-32 of its bytes. The next compaction repeats every line of that one, and parsing them
-# again cost most of the entry's time (2.5 ms a port at 1,440 files, 25 ms at 10,080, growing
-# with every file the port ever logs; splitting: 0.4 and 5 ms): bytes that are still those are
-# split, not parsed. Bytes that differ are parsed, so damage is still refused, naming the line.
+# again cost most of the entry's time, growing with every file the port ever logs (bench/
+# RESULTS.md, "Figures formerly in code comments"): bytes that are still those are split, not
+# parsed. Bytes that differ are parsed, so damage is still refused, naming the line.
 _checked_compactions: dict[str, tuple[str, int]] = RUNTIME.cache(
     "ports.sparklog_checked_compactions", dict
 )

@@ -1,15 +1,9 @@
 """The Spark data source ``dedup``: the one module below the CLI that imports pyspark.
 
-``DedupDataSource.streamWriter`` runs on the driver before the first batch: it parses and
-resolves the options against the stream's schema, refuses a filesystem the store cannot commit
-to safely or cannot reach, opens (or creates) the bucket store and checks its settings, so a
-bad option ends the query before anything is written; it also names this run of the query. The
-writer it returns is pickled to the executors, where ``write`` learns the window (query id,
-batch id) from the task context and runs ``run_task``; Spark calls ``streamWriter`` again for
-every commit, on a fresh copy, which is why no state lives on the writer.
-
-A dedupsink error raised there, or by a commit, reaches the user as its own line: see
-``said_in_one_line``.
+``DedupDataSource.streamWriter`` runs on the driver before the first batch and checks options,
+filesystem and store, so a bad option ends the query before anything is written. Its writer is
+pickled to the executors, where ``write`` runs ``run_task`` for its window; Spark calls
+``streamWriter`` again on a fresh copy for every commit, so no state lives on the writer.
 """
 
 from __future__ import annotations
@@ -95,15 +89,10 @@ _SPARK_WORKER_MODULES = "pyspark.sql.worker."
 
 @contextmanager
 def said_in_one_line() -> Iterator[None]:
-    """A dedupsink error raised while Spark plans a write or runs its commit is handed to Spark
-    as its one line, so that it follows Spark's own first line: "[STREAM_FAILED] Query [...]
-    terminated with exception: [PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data
-    source writer: dedupsink.errors.DedupOptionError: option keys='nope' is invalid: ...",
-    where Spark would otherwise put "Traceback (most recent call last):" and the sink's line
-    fifteen lines on. Only the sink's own errors, whose message says what is wrong, lose their
-    traceback; any other error keeps it. Spark's worker process ends after the error it reports
-    (``worker_run`` exits), so the setting goes with it; outside Spark's workers (the sink's
-    code called in-process) nothing is set."""
+    """Hand a dedupsink error raised while Spark plans a write or commits to Spark without its
+    traceback, so its one line follows Spark's first line ("... Failed to initialize Python
+    data source writer: dedupsink.errors.DedupOptionError: ..."). Other errors keep theirs.
+    Set only in Spark's worker, which exits after reporting the error."""
     try:
         yield
     except DedupError:
@@ -262,8 +251,8 @@ class DedupHistoryReader(DataSourceReader):
 # The history's columns (``store.history.COLUMNS``) in Spark's types. Spark asks a data source
 # for its schema before a write too, in a process of its own (``create_data_source``) that does
 # nothing else and stays for the session: spelled out here, that process imports no pyarrow
-# (13 MB of its PSS; bench/RESULTS.md, "Memory as installed"). A test holds it equal to the
-# history's Arrow schema.
+# (a large part of its memory; bench/RESULTS.md, "Memory as installed"). A test holds it equal
+# to the history's Arrow schema.
 _HISTORY_COLUMNS: tuple[tuple[str, type[DataType]], ...] = (
     ("version", LongType),
     ("query_id", StringType),

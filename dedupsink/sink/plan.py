@@ -88,11 +88,11 @@ def plan_for(
     plan = SinkPlan(options, resolve(options, schema), schema, run)
     if check != "never":
         with options.masking():
-            check_store(plan, once=check == "once")
+            prepare_store_and_ports(plan, once=check == "once")
     return plan
 
 
-def check_store(plan: SinkPlan, once: bool = False) -> None:
+def prepare_store_and_ports(plan: SinkPlan, once: bool = False) -> None:
     """The store and the ports can be reached, and the store fits the options."""
     options = plan.options
     key = (

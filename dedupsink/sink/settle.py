@@ -1,31 +1,10 @@
 """Keys new in several partitions of one window: exactly one of their rows is unique.
 
-Each task classifies its own rows, so two tasks of one window can both find a key new. The
-rule is **the lowest partition keeps the key**, and the tasks apply it themselves:
-
-1. **In the task** (``settle_in_task``). Once it has classified its rows, a task *stages* its
-   new keys in the window's staging folder (``<stem>-n<count>.keys``: each key's 16-byte
-   fingerprint, its position among the task's unique rows and, in the expiry modes, its
-   expiry value, sorted by fingerprint: ``SortedKeys``), then waits for the keys of every
-   lower partition of the window (they run at the same time or earlier) and *yields* its
-   unique rows whose key one of them has: they go to ``duplicate``. The unique rows of its
-   last chunk are still in memory; those of earlier chunks (a large window) are in its staged
-   unique files, one per chunk, of which it rewrites those holding yielded rows, so no row is
-   read on the driver. The keys of yielded rows are left out of its window file: the keeper
-   remembers each key once, with its unique row's expiry value.
-2. **In the commit** (``settle_window``). Each task reports which attempt of which lower
-   partition it settled with. When every task settled with the final attempts of all lower
-   partitions, nothing is left to do and nothing is read. Otherwise (a lower partition's
-   attempt failed after its keys were read, a wait timed out, a task of a partition above
-   ``SETTLE_WITH_AT_MOST`` left the reading to the commit), the commit reads every task's staged
-   keys, laid end to end (the kept parts in partition order, then the yielded parts), in one
-   hash pass: a kept key that occurs earlier is demoted to duplicate, a yielded key that does
-   not occur earlier (nobody kept it) is promoted back to unique. Moving a row means rewriting
-   that task's staged file: the one case in which the driver reads rows. Partitioning the input
-   by key (``df.repartition(n, *keys)``) gives the commit nothing to move. A key promoted back
-   has no window file remembering it; the commit writes one. A demoted key is in its task's
-   window file, with that row's expiry value (in ``assumeSameExpiry=false`` not the keeper's);
-   the commit writes the task's window file again without it.
+**The lowest partition keeps the key.** Each task stages its new keys (``SortedKeys``) and
+yields to duplicate its unique rows whose key a lower partition staged (``settle_task``); the
+commit checks that every task settled with the final attempts of all lower partitions and
+otherwise settles the window itself (``settle_window``). The whole procedure:
+docs/RELIABILITY.md, "Keys new in several partitions of a window".
 """
 
 from __future__ import annotations
@@ -79,7 +58,7 @@ class StagedKeys:
 class SortedKeys:
     """Keys sorted by their fingerprint's first word, each with its position in its task's order:
     how keys are staged. Another task's sorted keys are then looked up walking both arrays
-    forward (``_Sketch``, then a binary search of the few that may match).
+    forward (``_FirstWordFilter``, then a binary search of the few that may match).
 
     A staged file is four lanes end to end: ``h1``, ``h2`` (8 bytes each), the position (4
     bytes) and, in the expiry modes, the expiry value (8 bytes), all little-endian."""
@@ -184,8 +163,9 @@ class Settlement:
 
 
 @dataclass
-class Holder:
-    """One task's part in the commit's settlement (a view of its summary)."""
+class SettlingTask:
+    """A task as the commit's settlement sees it (a view of its summary): the files the
+    settlement may rewrite are replaced in ``files``."""
 
     partition: int
     attempt: int
@@ -214,7 +194,7 @@ def read_keys(
 
 
 @dataclass(frozen=True)
-class _Staged:
+class _ListedKeysFile:
     """A keys file another task staged, as its listing shows it."""
 
     name: str
@@ -224,20 +204,20 @@ class _Staged:
     size: int
 
 
-def _staged(output: Output, folder: str) -> list[_Staged]:
+def _listed_keys_files(output: Output, folder: str) -> list[_ListedKeysFile]:
     """Every keys file staged in a window's folder so far."""
     found = []
     for name, entry in output.storage.entries(output.path(folder)).items():
         fields = name.removesuffix(KEYS_SUFFIX).split("-")
         if name.endswith(KEYS_SUFFIX) and len(fields) == 4 and fields[3][1:].isdigit():
             partition, attempt, count = int(fields[0][1:]), int(fields[1][1:]), int(fields[3][1:])
-            found.append(_Staged(name, partition, attempt, count, entry.size))
+            found.append(_ListedKeysFile(name, partition, attempt, count, entry.size))
     return found
 
 
 def lower_keys(
     output: Output, folder: str, partition: int, stamp_dtype: np.dtype | None, wait: float
-) -> tuple[list[_Staged], bool]:
+) -> tuple[list[_ListedKeysFile], bool]:
     """The keys files of every lower partition (its latest attempt), lowest first, waiting up to
     ``wait`` seconds for those not staged yet; and whether all of them were found complete. A
     file shorter than its count says is still being written (a local disk)."""
@@ -245,8 +225,8 @@ def lower_keys(
     pause = _POLL_FIRST_SECONDS
     width = SortedKeys.width(stamp_dtype)
     while True:
-        found: dict[int, _Staged] = {}
-        for staged in _staged(output, folder):
+        found: dict[int, _ListedKeysFile] = {}
+        for staged in _listed_keys_files(output, folder):
             known = found.get(staged.partition)
             complete = staged.size == width * staged.count
             later = known is None or staged.attempt > known.attempt
@@ -258,12 +238,14 @@ def lower_keys(
         pause = min(2 * pause, _POLL_MAX_SECONDS)
 
 
-def _yielded_to(output: Output, folder: str, lower: list[_Staged], mine: SortedKeys) -> np.ndarray:
+def _yielded_to(
+    output: Output, folder: str, lower: list[_ListedKeysFile], mine: SortedKeys
+) -> np.ndarray:
     """Which of the task's keys a lower partition has (by position), reading one lower task's
     keys at a time (memory for the task's own keys and one other's, whatever the window's
     size). Of a large file only the first words are read, unless one of them is the task's."""
     yielded = np.zeros(len(mine), dtype=bool)
-    sketch = _Sketch(mine.h1)
+    first_words = _FirstWordFilter(mine.h1)
     for staged in lower:
         if not staged.count:
             continue  # a task that found no key new (an empty object: S3 refuses its range)
@@ -274,7 +256,7 @@ def _yielded_to(output: Output, folder: str, lower: list[_Staged], mine: SortedK
         else:
             data = b""
             h1 = _lane(output.storage.read_range(path, 0, _LANE.itemsize * staged.count))
-        at = sketch.candidates(h1)  # a few per cent of theirs, the shared keys among them
+        at = first_words.candidates(h1)  # a few per cent of theirs, the shared keys among them
         at = at[mine.has_first_word(h1[at])]
         if not len(at):
             continue
@@ -297,7 +279,7 @@ def _lane(data: bytes) -> np.ndarray:
 _READ_WHOLE_AT_MOST = 1 << 20
 
 
-class _Sketch:
+class _FirstWordFilter:
     """Which first words a task's keys have, by their top bits: one byte a slot, about eight
     slots a key. Probing another task's (sorted) first words walks it forward and leaves the
     few per cent that may match for the binary search, which was most of settling's time."""
@@ -318,14 +300,14 @@ class _Sketch:
 
 @dataclass
 class TaskSettlement:
-    """The outcome of ``settle_in_task``: the settlement, and which of the task's new keys
+    """The outcome of ``settle_task``: the settlement, and which of the task's new keys
     (in unique-row order) it yielded, to leave out of its window file."""
 
     settlement: Settlement
     yielded: np.ndarray
 
 
-def settle_in_task(
+def settle_task(
     output: Output,
     folder: str,
     partition: int,
@@ -402,18 +384,18 @@ def _per_file(marks: np.ndarray, files: list[PortFile]) -> list[np.ndarray]:
 # -- 2. in the commit --------------------------------------------------------------------------
 
 
-def settled_in_tasks(holders: list[Holder]) -> bool:
+def every_task_settled(tasks: list[SettlingTask]) -> bool:
     """Whether every task settled with the keys the final attempt of every lower partition
     staged. Files are told apart by name, not by partition and attempt: a failed attempt of a
     re-run stage counts its attempts from 0 again, as another run of the batch does."""
-    staged = {h.partition: _keys_files(h.settlement) for h in holders}
-    for holder in holders:
-        if holder.unique + holder.settlement.yielded == 0:
+    staged = {task.partition: _keys_files(task.settlement) for task in tasks}
+    for task in tasks:
+        if task.unique + task.settlement.yielded == 0:
             continue  # no new keys: nothing it could have shared
-        if not holder.settlement.complete:
+        if not task.settlement.complete:
             return False
-        lower = [names for partition, names in staged.items() if partition < holder.partition]
-        read = holder.settlement.saw
+        lower = [names for partition, names in staged.items() if partition < task.partition]
+        read = task.settlement.saw
         if not all(names & read for names in lower):
             return False
         if read - frozenset().union(*lower):  # it read keys that no final attempt staged
@@ -434,7 +416,7 @@ def _keys_files(settlement: Settlement) -> frozenset[str]:
 class Moved:
     """Rows the commit moved between a task's ports."""
 
-    holder: Holder
+    task: SettlingTask
     rows: int
     source: str
     target: str
@@ -444,48 +426,52 @@ class Moved:
     # commit, also holds the demoted ones, with their rows' expiry values.
     still_kept: StagedKeys | None = None
 
+    @property
+    def holder(self) -> SettlingTask:  # alias kept until commit.py is updated
+        return self.task
+
 
 def settle_window(
-    output: Output, holders: list[Holder], stamp_dtype: np.dtype | None
+    output: Output, tasks: list[SettlingTask], stamp_dtype: np.dtype | None
 ) -> list[Moved]:
     """Leave each key new in this window with exactly one unique row; returns the moves made
-    (the holders' files are replaced by the rewritten ones)."""
-    holders = [h for h in holders if h.settlement.keys_file is not None]
-    if len(holders) < 2 and not any(h.settlement.yielded for h in holders):
+    (the tasks' files are replaced by the rewritten ones)."""
+    tasks = [task for task in tasks if task.settlement.keys_file is not None]
+    if len(tasks) < 2 and not any(task.settlement.yielded for task in tasks):
         return []
-    if settled_in_tasks(holders):
+    if every_task_settled(tasks):
         return []
     kept, given = [], []
-    for holder in holders:
-        total = holder.unique + holder.settlement.yielded
-        staged = read_keys(output, holder.settlement.keys_file or "", total, stamp_dtype)
+    for task in tasks:
+        total = task.unique + task.settlement.yielded
+        staged = read_keys(output, task.settlement.keys_file or "", total, stamp_dtype)
         keys = staged.in_order()
-        kept.append(keys.take(np.arange(holder.unique)))
-        given.append(keys.take(np.arange(holder.unique, total)))
+        kept.append(keys.take(np.arange(task.unique)))
+        given.append(keys.take(np.arange(task.unique, total)))
     first = first_occurrences(Fingerprints.concat([k.fingerprints for k in kept + given]))
     marks = np.split(first, np.cumsum([len(part) for part in kept + given])[:-1])
     moves = []
-    for holder, keys, firsts in zip(holders, kept, marks[: len(kept)], strict=True):
+    for task, keys, firsts in zip(tasks, kept, marks[: len(kept)], strict=True):
         if (~firsts).any():
-            moved = _move_rows(output, holder, "unique", ~firsts, "duplicate", at_end=False)
+            moved = _move_rows(output, task, "unique", ~firsts, "duplicate", at_end=False)
             moved.still_kept = keys.take(firsts)
             moves.append(moved)
-    for holder, back, keys in zip(holders, marks[len(kept) :], given, strict=True):
+    for task, back, keys in zip(tasks, marks[len(kept) :], given, strict=True):
         if back.any():  # after demotions: a demotion adds its file at the end
-            moved = _move_rows(output, holder, "duplicate", back, "unique", at_end=True)
+            moved = _move_rows(output, task, "duplicate", back, "unique", at_end=True)
             moved.keys = keys.take(back)
             moves.append(moved)
     return moves
 
 
 def _move_rows(
-    output: Output, holder: Holder, source: str, rows: np.ndarray, target: str, at_end: bool
+    output: Output, task: SettlingTask, source: str, rows: np.ndarray, target: str, at_end: bool
 ) -> Moved:
     """Rewrite the task's ``source`` files (laid end to end in order) without the marked rows,
     which go to new staged files of ``target``; a rewritten file keeps its place. ``at_end``: the
     marks cover the last rows of the first file (the yielded ones, at the end of the task's
     duplicate file)."""
-    sources = [r for r in holder.files if r.port == source]
+    sources = [r for r in task.files if r.port == source]
     if at_end:
         sources = sources[:1]
         rows = np.concatenate([np.zeros(sources[0].rows - len(rows), dtype=bool), rows])
@@ -500,28 +486,33 @@ def _move_rows(
                 f"staged {source} file {output.path(record.path)} holds {table.num_rows} rows, "
                 f"but its task wrote {record.rows}"
             )
-        at = holder.files.index(record)
-        moved = _staged_file(output, holder, target, table.filter(pa.array(marks)))
-        left = _staged_file(output, holder, source, table.filter(pa.array(~marks)))
-        holder.files[at : at + 1] = [] if left is None else [left]
-        holder.files += [] if moved is None else [moved]
+        at = task.files.index(record)
+        moved = _write_staged_file(output, task, target, table.filter(pa.array(marks)))
+        left = _write_staged_file(output, task, source, table.filter(pa.array(~marks)))
+        task.files[at : at + 1] = [] if left is None else [left]
+        task.files += [] if moved is None else [moved]
         replaced.append(record.path)
-    return Moved(holder, int(rows.sum()), source, target, replaced)
+    return Moved(task, int(rows.sum()), source, target, replaced)
 
 
-def _staged_file(output: Output, holder: Holder, port: str, rows: pa.Table) -> PortFile | None:
+def _write_staged_file(
+    output: Output, task: SettlingTask, port: str, rows: pa.Table
+) -> PortFile | None:
     if not rows.num_rows:
         return None
-    relative = output.new_staging_file(holder.folder, port, holder.partition, holder.attempt)
+    relative = output.new_staging_file(task.folder, port, task.partition, task.attempt)
     return PortFile(port, relative, rows.num_rows, output.write_table(relative, rows))
 
 
-def staged_files(holders: Iterable[Holder], moves: Iterable[Moved]) -> list[str]:
+def staged_files(tasks: Iterable[SettlingTask], moves: Iterable[Moved]) -> list[str]:
     """Every staged file of the window's tasks: port files, keys files, and those replaced."""
     names = [name for move in moves for name in move.replaced]
-    for holder in holders:
-        names.extend(r.path for r in holder.files)
-        names.extend(holder.settlement.superseded)
-        if holder.settlement.keys_file:
-            names.append(holder.settlement.keys_file)
+    for task in tasks:
+        names.extend(r.path for r in task.files)
+        names.extend(task.settlement.superseded)
+        if task.settlement.keys_file:
+            names.append(task.settlement.keys_file)
     return names
+
+
+Holder = SettlingTask  # alias kept until commit.py is updated

@@ -28,7 +28,7 @@ from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.settings import Rows
 from dedupsink.ports.output import PortFile, PortWriters, staging_folder
 from dedupsink.sink.plan import SinkPlan, TaskIdentity
-from dedupsink.sink.settle import Settlement, StagedKeys, settle_in_task
+from dedupsink.sink.settle import Settlement, StagedKeys, settle_task
 from dedupsink.sink.worker import tune_worker_process
 from dedupsink.store.cache import BucketManager, CacheInfo, manager_for
 from dedupsink.store.compaction import (
@@ -197,7 +197,7 @@ def _settle(
     rows, and count its ports; returns the keys its window file remembers."""
     identity, new, held = summary.identity, classified.new, classified.held
     classified.held = None  # written below: not held past the settlement
-    settled = settle_in_task(
+    settled = settle_task(
         plan.output,
         summary.folder,
         identity.partition,

@@ -1,27 +1,17 @@
 """What the sink does to the Python process it runs in, and the one switch that turns it off.
 
-A Spark executor runs the sink in long-lived Python workers forked from Spark's daemon; their
-memory counts against the executor's overhead, and their CPU against the tasks. Three
-process-wide settings keep both in check:
+In Spark's long-lived Python workers (forked from its daemon, counted against the executor's
+memory overhead and the tasks' CPU), three process-wide settings:
 
-* **Cycle collector** (``gc.freeze``): the daemon runs a full ``gc.collect()`` after every
-  call it serves. With pyspark, pyarrow and numpy loaded that walks tens of thousands of
-  module-level objects each time, on cores the tasks need. Frozen, a collection walks only
-  what was created since. Frozen objects are still freed by reference counting; only a
-  reference cycle among them would never be collected, and the daemon has just collected when
-  a call starts. Done only under Spark's daemon, never in an application's own process.
-* **glibc's mmap threshold**: by default glibc raises it to the size of each large block
-  freed (up to 32 MiB), so a growing bucket's arrays move onto the heap, whose freed space
-  stays in the process, and the worker grows well past the bucket cache's bound. A fixed 1 MiB
-  threshold returns every large array to the OS when it is freed.
-* **Arrow's memory pool**: jemalloc, returning freed pages at once, instead of pyarrow's
-  default mimalloc, which keeps the pages of freed buffers (Spark's incoming batches, Parquet
-  pages, the port splits) in proportion to the size of a window. Unless
-  ``ARROW_DEFAULT_MEMORY_POOL`` already chose a pool.
+* ``gc.freeze()`` (only under Spark's daemon): its full collection after every call then skips
+  the modules loaded; frozen objects are still freed by reference counting.
+* glibc's mmap threshold fixed at 1 MiB, so freed large arrays go back to the OS instead of
+  growing the heap past the bucket cache's bound.
+* Arrow's pool: jemalloc returning freed pages at once (unless ``ARROW_DEFAULT_MEMORY_POOL``
+  chose one), not mimalloc, which keeps pages in proportion to a window's size.
 
-``DEDUPSINK_TUNE_PROCESS=false`` (in the executors' environment, e.g. through
-``spark.executorEnv.DEDUPSINK_TUNE_PROCESS``) leaves the process as Python and pyarrow set it.
-bench/RESULTS.md has the measurements behind each setting.
+``DEDUPSINK_TUNE_PROCESS=false`` in the executors' environment turns all three off.
+bench/RESULTS.md, "Measurements behind design choices", has the measurements.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """The bucket manager: an LRU cache of decoded buckets in front of the bucket store.
 
-One manager lives in each executor Python process per store and survives between micro-batches
-(Spark reuses its Python workers), so a warm bucket costs nothing but the segments committed
-since it was loaded. A cached bucket remembers which segments it was built from; on a newer
-manifest only the missing segments are fetched and merged. Segments that left the index belong
-to expired window files (their keys are at or below the expiry point, so the stamp check at
-lookup already ignores them) or were compacted into a segment that is fetched in their place,
-so a cached bucket never answers differently from one built afresh. Only segments referenced by
-a committed manifest are ever loaded: uncommitted state is never served.
-
-A task also tells its process's manager what it wrote (``note_written``): each segment's new
-keys and the segments it folds. When the next manifest references that very segment (same
-file, offset, length and checksum), the manager still reads it and checks it (damage is found
-by the first window that needs the bucket, as always) but decodes nothing: it takes the new
-keys from memory, and a fold of segments the cached bucket already holds adds only its new
-keys, the folded ones being there already. Nothing noted is served before a manifest
-references it.
+One manager per store lives in each executor Python process between micro-batches, so a warm
+bucket costs only the segments committed since it was loaded. Only segments a committed
+manifest references are loaded, so a cached bucket answers as one built afresh. A task notes
+what it wrote (``note_written``): when the next manifest references that very segment, the
+manager still reads and checks it but takes its keys from memory instead of decoding them.
 """
 
 from __future__ import annotations
@@ -57,16 +46,11 @@ class CacheInfo(NamedTuple):
 
 @dataclass
 class CachedBucket:
-    """A bucket's keys as a few sorted sets: *sealed* parts of at least ``SEAL_AT`` keys each,
-    the bulk, then the keys added since it was last rebuilt, in runs of decreasing size
-    (``recent``). New keys merge into the smallest run only, and a run folds into the next
-    larger once it reaches a fraction of it, so a window's new keys cost in proportion to
-    themselves and a few runs' sizes, not to the whole bucket. A bulk that reaches ``SEAL_AT``
-    keys is sealed: never merged again, so no merge rewrites more than about that many keys
-    however large the bucket grows (a hash bucket of a day's keys, rewritten whole, cost a
-    window tens of milliseconds); it sheds its expired keys once they are an eighth of it, and
-    leaves once all have expired (``_alive_sealed``). (The manager's ``BucketsFilter`` turns
-    away most queries of a large bucket before they reach these searches.)"""
+    """A bucket's keys as a few sorted sets: *sealed* parts (never merged again, so no merge
+    rewrites more than ``SEAL_AT`` keys), the bulk, and the keys added since in runs of
+    decreasing size (``recent``). New keys merge into the smallest run, which folds into the
+    next larger at a fraction of it (``_fold_ratio``): a window's new keys cost in proportion
+    to themselves, not to the bucket. Sealed parts shed expired keys (``_alive_sealed``)."""
 
     keys: KeySet
     segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
@@ -177,15 +161,11 @@ _RUNS = 3
 
 
 def _fold_ratio(bulk: int, added: int) -> float:
-    """Fold a run into the next larger once it reaches ``1 / ratio`` of it.
-
-    With ``added`` keys a window and ``k`` runs of sizes in ratio ``r``, merging costs about
-    ``k * r * added`` a window (each key is merged once per run, into a set about ``r`` times
-    the merges between two folds of it), least when the runs span the bulk in equal steps:
-    ``r = (bulk / added) ** (1 / k)``. A time bucket fills within its span and stays near the
-    fixed quarter; a hash bucket receives a few keys every window for the whole expiry period,
-    and there a fixed ratio made each window's merge cost grow with the bucket (a day of 64
-    buckets at 18,000 new keys a window: 2.4x), as did two runs (1.9x)."""
+    """Fold a run into the next larger once it reaches ``1 / ratio`` of it. With ``k`` runs in
+    ratio ``r`` merging costs about ``k * r * added`` keys a window, least at
+    ``r = (bulk / added) ** (1 / k)``: a hash bucket, which gets a few keys every window, needs
+    more than a time bucket's fixed quarter (bench/RESULTS.md, "Figures formerly in code
+    comments")."""
     return max(_FOLD_RATIO, (bulk / (2 * added)) ** (1 / _RUNS))
 
 
@@ -269,18 +249,11 @@ class BucketCache:
 
 
 class BucketsFilter:
-    """One ``KeyFilter`` over the keys of a manager's large cached buckets (``FILTER_FROM_KEYS``
-    keys or more), probed once for all of a lookup's queries and given all of a load's new keys
-    in one call. A filter per bucket cost ten numpy calls a probe and as many an add in each
-    bucket, which at a few dozen queries a bucket (2,000-row windows into 64 buckets) cost what
-    the searches it spared did; shared, the calls are a window's, not a bucket's.
-
-    A bucket is *covered* once every key of its cached entry has been added: only a covered
-    bucket's queries are turned away. Bits are never cleared, so keys that leave an entry
-    (expired, compacted or evicted) keep theirs and cost a search, never a wrong answer, until
-    the filter is replaced: once the keys added would pass its capacity (eight bits a key), a
-    new one is sized for half as many again as the large buckets cached, and each is covered
-    afresh at its next load. Its bytes count against the cache's byte bound."""
+    """One ``KeyFilter`` over a manager's large cached buckets (``FILTER_FROM_KEYS`` keys or
+    more), probed once a lookup, not once a bucket (per bucket, its numpy calls cost what the
+    searches it spared did). Only a *covered* bucket (all its cached keys added) has queries
+    turned away. When full it is replaced by a larger one, which covers each bucket afresh at
+    its next load. Its bytes count against the cache's byte bound."""
 
     def __init__(self) -> None:
         self._filter: KeyFilter | None = None

@@ -1,26 +1,11 @@
 """The store's history: one row per committed window, kept far longer than its manifests.
 
-A store keeps only its last 16 manifests; the history keeps a row of every window for the last
-``KEEP_VERSIONS`` versions, in its own files under ``<store>/_history/``, written by the commit
-(docs/ARCHITECTURE.md, "Store on-disk format"):
-
-* ``r<version>.rec``: a *record*, the row of one window, created by the commit right after its
-  commit point, **only if absent** (``Storage.create``): a redo, a re-run or a second process
-  writes the same bytes or finds them there, never a second row. A row is derived from the
-  window's manifest alone (``row_of``), so whoever writes it writes the same row.
-* ``s<first>-<last>.seg``: a *segment*, the rows of the versions ``first..last`` (an aligned
-  block of ``16``, ``256`` or ``4096`` versions). Every ``FANOUT`` versions (with the garbage
-  collection, and before it) the commit *compacts*: it writes the record of every kept
-  manifest that has none (a crash between a commit point and its record), folds each complete
-  block of records into a segment, and sixteen segments of a level into one of the next
-  (conditional creates), deletes the folded files only once the segment exists, and deletes
-  segments whose last version is ``KEEP_VERSIONS`` or more behind.
-
-Readers (``read_history``) read every record and segment, add the rows of kept manifests that
-no file covers yet, and keep one row a version, so they accept every state a crash can leave.
-
-Both kinds of file are msgpack behind the manifest's 16-byte header (``DSH1``, CRC-32 of the
-payload, its length): ``{"format": 1, "first", "last", "columns": {name: [values]}}``.
+Under ``<store>/_history/``: a *record* ``r<version>.rec`` per window, created only if absent
+right after its commit point, from the manifest alone (``row_of``), so a redo writes the same
+row; and *segments* ``s<first>-<last>.seg`` into which compaction folds aligned blocks of
+records every ``FANOUT`` versions. Readers (``read_history``) keep one row a version from
+records, segments and kept manifests, so they accept every state a crash can leave. Both files
+are msgpack behind the manifest's 16-byte header (``DSH1``, CRC-32, length).
 """
 
 from __future__ import annotations
@@ -129,7 +114,7 @@ def row_of(manifest: Manifest) -> Row | None:
         "expiry_point": None if expiry is None else float(expiry),
         "expiry_point_text": point_text(expiry, settings, manifest.categories),
         "store_files": len(manifest.files),
-        "store_bytes": sum(wf.nbytes for wf in manifest.files.values()),
+        "store_bytes": sum(window_file.nbytes for window_file in manifest.files.values()),
         "task_seconds": float(last.task_seconds),
     }
 

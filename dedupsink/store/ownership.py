@@ -1,29 +1,9 @@
 """Who may commit to a store: owners, leases and fences.
 
-A store has at most one *owner*, the query run that committed its latest window, recorded in
-every manifest (``Owner``). The rules, applied by every commit (``claim``, ``next_owner``)
-and checked by every task (``check_not_fenced``):
-
-1. **Safety does not come from this module.** A version is created only if absent, and a
-   commit builds on the version its tasks read, so two writers can never both commit one
-   version, whatever they believe about leases or clocks: a writer that paused and woke up
-   after another took over finds its version taken and fails.
-2. The owner's own run, or another run of the owner's query (a restart from its
-   checkpoint), commits at once; a restart fences the older run.
-3. Another query takes the store when it is released or when the owner's *lease* has lapsed:
-   no commit for the owner's ``ownerTimeout``. While the lease is live, the newcomer's commit
-   waits for it to lapse (at most ``ownerTimeout``), watching the store; if the owner commits
-   meanwhile, the newcomer fails with an error naming it. So after a query stops (``stop()``,
-   the end of an ``availableNow`` run, a crash) the next one starts within ``ownerTimeout``
-   with no manual step, and of two queries running at once one fails, naming the other.
-4. A run that lost the store is *fenced*: recorded in the manifest, it may never commit to the
-   store again, and its tasks fail at once, naming the query that took over. Restarted from
-   its checkpoint, the query is a new run and follows rule 3.
-
-The lease is judged by the newcomer's clock against the owner's recorded commit time, so clock
-skew can only shorten or lengthen the wait (never beyond ``ownerTimeout``); rule 1 holds
-whatever the clocks say. A batch write is a writer of one window: it follows the same rules
-and leaves the store released once committed.
+A store has at most one *owner*, the query run that committed its latest window (``Owner``).
+Every commit applies the rules (``claim``, ``next_owner``) and every task checks them
+(``check_not_fenced``); they are docs/RELIABILITY.md, "The ownership rule". Safety does not
+come from this module: a version is created only if absent, whatever leases or clocks say.
 """
 
 from __future__ import annotations

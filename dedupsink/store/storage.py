@@ -1,41 +1,9 @@
 """Storage: what the store and the ports need from a filesystem, one class per family.
 
 Every filesystem difference the commit protocol depends on lives here, behind one narrow
-interface (as Delta Lake's LogStore or pyiceberg's FileIO). Each operation states its contract:
-
-* ``create(path, data)``: **conditional create** (put-if-absent). The object appears whole, or
-  the call raises ``FileExistsError`` because the path already exists; of any number of
-  writers racing for one path, in any number of processes, exactly one succeeds. It is the
-  commit point of every store version and the write of every Spark sink-log entry.
-* ``read``, ``read_range``, ``list``, ``exists``: never answered from a cache. An object that
-  any process wrote is seen by the next call of every process (fsspec's listings cache is
-  switched off for every filesystem this module builds).
-* ``write``, ``open_write``: whole-object writes of files nobody reads until a committed
-  version names them (window files, staged port files); a crash leaves at worst an orphan.
-* ``publish(source, target)``: make a staged file readable under its final name, without the
-  bytes passing through this process: a rename where one is atomic and cheap, a server-side
-  copy on object stores (the source then goes with the window's bulk ``delete``). Repeating it,
-  or two processes doing it at once, gives the same result.
-* ``delete(paths)``: remove files, in bulk where the filesystem can; missing files are fine.
-
-Every path is a name, never a pattern: fsspec's ``rm``, ``copy`` and ``mv`` expand ``[``, ``*``
-and ``?`` as globs, so a root holding them (``s3://bucket/team[a]/out``) goes through calls
-that do not (``rm_file``, ``cp_file``, S3's DeleteObjects).
-
-============================  ==============================================  ================
-family                        conditional create                              publish
-============================  ==============================================  ================
-local disk (plain, file://)   written aside, fsynced, hard-linked into place  rename
-memory:// (one process)       checked and written under a process-wide lock   move
-hdfs://, viewfs://            written aside, renamed without overwrite        rename
-s3://, s3a:// (s3fs)          PUT with If-None-Match: *                       CopyObject
-gs:// (gcsfs)                 upload with ifGenerationMatch=0                 server-side copy
-abfs://, az:// (adlfs)        upload with If-None-Match: *                    server-side copy
-============================  ==============================================  ================
-
-A filesystem of any other family (fsspec's generic ``pipe_file(mode="create")`` checks and
-then writes, which two writers can both pass) is refused by ``Storage.for_url`` before
-anything is written, naming it and what is supported.
+interface (as Delta Lake's LogStore or pyiceberg's FileIO). Each operation's contract and how
+each family meets it: docs/RELIABILITY.md, "What the store needs from a filesystem". Every path
+is a name, never a pattern (fsspec's ``rm``, ``copy`` and ``mv`` would expand globs).
 """
 
 from __future__ import annotations

@@ -5,12 +5,9 @@ Layout under the store root::
     _log/<version:012d>.manifest    one immutable manifest per committed version (last 16 kept)
     data/<window file>.keys          window files (immutable; named w<window>-p<partition>-<id>)
 
-A version becomes visible by a conditional create of its manifest (``Storage.create``): of
-two writers committing the same version, exactly one succeeds and the other gets
-``StoreConflictError`` naming the winner. A crash at any point leaves the previous version
-intact. Files a new version no longer references are deleted later (in batches, every
-``GARBAGE_EVERY`` versions, at least two versions after they left the index), so a reader of an
-older version is not disturbed.
+A version is committed by the conditional create of its manifest (``Storage.create``): of two
+writers exactly one succeeds, the other gets ``StoreConflictError``. Unreferenced files are
+deleted later, in batches, so a reader of an older version is not disturbed.
 """
 
 from __future__ import annotations
@@ -92,7 +89,7 @@ class _KnownManifest:
     """The manifest a process last wrote or decoded for a store, with its bytes and what
     identifies its file. Versions are immutable (created only if absent), so the same version
     of the same store, with the same listed size and tag, is the same manifest: a window reads
-    it in its tasks and again in its commit, and decoding costs ~2 us per live window file. A
+    it in its tasks and again in its commit, and decoding grows with its live window files. A
     version this process wrote has no listing yet; the next read compares its bytes instead."""
 
     def __init__(self, manifest: Manifest, data: bytes, entry: Entry | None) -> None:
