@@ -32,7 +32,7 @@ from dedupsink.ports.base import PortFormat
 from dedupsink.ports.output import Output
 from dedupsink.runtime import RUNTIME
 from dedupsink.sink.plan import SinkPlan
-from dedupsink.sink.settle import Holder, settle_window, staged_files
+from dedupsink.sink.settle import SettlingTask, settle_window, staged_files
 from dedupsink.sink.task import TaskSummary
 from dedupsink.sink.window_updates import (
     WindowCommit,
@@ -104,10 +104,10 @@ def commit_window(
     if any(s.skipped for s in done) or base.queries.get(writer.query, -1) >= batch_id:
         return _discard_rerun(store, output, done, base, writer, batch_id)
     claim(store, base, writer)
-    holders = [_holder(s) for s in done]
+    settling = [_settling_task(s) for s in done]
     try:
-        moves = settle_window(output, holders, stamp_dtype(plan.settings))
-        written = files_written_by_commit(plan, store, base, done, holders, moves)
+        moves = settle_window(output, settling, stamp_dtype(plan.settings))
+        written = files_written_by_commit(plan, store, base, done, settling, moves)
         schema_files = empty_port_files(plan, output, base, done)
         window = WindowCommit(plan, base, writer, batch_id, done, schema_files, now_ms())
         transaction = window.transaction(written, cross_partition(done, moves))
@@ -121,7 +121,7 @@ def commit_window(
         finish_publication(ports, latest)
         return _discard_rerun(store, output, done, latest, writer, batch_id)
     publish(ports, committed)
-    staged = _unpublished(staged_files(holders, moves) + [f.path for f in schema_files], committed)
+    staged = _unpublished(staged_files(settling, moves) + [f.path for f in schema_files], committed)
     if committed.version % GARBAGE_EVERY:
         output.discard_staging(done[0].folder, staged)
     else:  # the garbage collection sweeps the staging folders, but not the tables' folders
@@ -194,9 +194,9 @@ def _discard_rerun(
     writer: Writer,
     batch_id: int,
 ) -> CommitReport:
-    holders = [_holder(s) for s in done]
+    settling = [_settling_task(s) for s in done]
     # An earlier attempt of this commit may have published these very files in place.
-    output.discard_staging(done[0].folder, _unpublished(staged_files(holders, []), base))
+    output.discard_staging(done[0].folder, _unpublished(staged_files(settling, []), base))
     last = base.last_window
     committed_here = last is not None and (last.query, last.batch) == (writer.query, batch_id)
     if base.publication is not None and committed_here:
@@ -209,9 +209,9 @@ def _discard_rerun(
     return CommitReport(base.version, batch_id, writer.query, already_committed=True)
 
 
-def _holder(summary: TaskSummary) -> Holder:
+def _settling_task(summary: TaskSummary) -> SettlingTask:
     identity = summary.identity
-    return Holder(
+    return SettlingTask(
         identity.partition,
         identity.attempt,
         summary.folder,

@@ -426,10 +426,6 @@ class Moved:
     # commit, also holds the demoted ones, with their rows' expiry values.
     still_kept: StagedKeys | None = None
 
-    @property
-    def holder(self) -> SettlingTask:  # alias kept until commit.py is updated
-        return self.task
-
 
 def settle_window(
     output: Output, tasks: list[SettlingTask], stamp_dtype: np.dtype | None
@@ -513,6 +509,3 @@ def staged_files(tasks: Iterable[SettlingTask], moves: Iterable[Moved]) -> list[
         if task.settlement.keys_file:
             names.append(task.settlement.keys_file)
     return names
-
-
-Holder = SettlingTask  # alias kept until commit.py is updated

@@ -6,6 +6,7 @@ window makes (``WindowCommit.transaction``), writes the store files the commit a
 give a port without rows its schema, and plans the publication through the port format, which
 the store layer does not know.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,7 @@ from dedupsink.engine.classify import PORTS, NewKeys, bucket_of, stamp_dtype
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import Output, PortFile
 from dedupsink.sink.plan import SinkPlan
-from dedupsink.sink.settle import Holder, Moved, StagedKeys
+from dedupsink.sink.settle import Moved, SettlingTask, StagedKeys
 from dedupsink.sink.task import TaskSummary
 from dedupsink.store.cache import manager_for
 from dedupsink.store.compaction import (
@@ -126,11 +127,11 @@ def files_written_by_commit(
     store: BucketStore,
     base: Manifest,
     done: list[TaskSummary],
-    holders: list[Holder],
+    settling: list[SettlingTask],
     moves: list[Moved],
 ) -> list[WrittenWindowFile]:
     """The window files the commit writes itself: keys settlement moved, sequence dedup's fold."""
-    written = _apply_moves(plan, store, base, done, holders, moves)
+    written = _apply_moves(plan, store, base, done, settling, moves)
     if plan.settings.by_sequence:
         written += _fold_producers(plan, store, base, done)
     return written
@@ -141,18 +142,18 @@ def _apply_moves(
     store: BucketStore,
     base: Manifest,
     done: list[TaskSummary],
-    holders: list[Holder],
+    settling: list[SettlingTask],
     moves: list[Moved],
 ) -> list[WrittenWindowFile]:
     """Settlement moved rows between a task's ports: its files and counts follow. A task whose
     rows went to duplicate has its window file written again without their keys (the old file
     is left to the garbage collection, as a failed attempt's); keys promoted back to unique,
     which their task left out of its own, get a window file of theirs, returned."""
-    by_holder = {id(h): s for h, s in zip(holders, done, strict=True)}
+    summary_of = {id(task): s for task, s in zip(settling, done, strict=True)}
     promoted = []
     for move in moves:
-        summary = by_holder[id(move.holder)]
-        summary.files = move.holder.files
+        summary = summary_of[id(move.task)]
+        summary.files = move.task.files
         summary.counts = summary.counts.moved(move.rows, move.source, move.target)
         if plan.settings.by_sequence:
             continue  # the window files hold producers' highest ids, which no move changes
