@@ -20,14 +20,13 @@ from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.sequence import highest_per_producer
-from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
+from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of, human_span
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
     OUTPUT_FORMAT_DEFAULT,
     STORE_DIRNAME_DEFAULT,
     DedupOptions,
     bool_text,
-    human_span,
     join_url,
 )
 from dedupsink.ports.base import PortFormat

@@ -38,13 +38,12 @@ from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
 from dedupsink.engine.classify import PORTS
-from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
+from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of, human_span
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.options import (
     STORE_DIRNAME_DEFAULT,
     DedupOptions,
     bool_text,
-    human_span,
     join_url,
     mask_values,
     storage_secrets,

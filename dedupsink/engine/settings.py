@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any, Literal, TypeAlias
@@ -33,11 +34,11 @@ from dedupsink.options import (
     OUTPUT_FORMAT_DEFAULT,
     SEQUENCE_KEY,
     DedupOptions,
-    Span,
     bool_text,
     misplaced_assume_same_expiry,
     period_required,
 )
+from dedupsink.units import Span, human_duration, number_text
 
 Mode = Literal["basic", "tupleTime", "systemTime", "ordered", "categorical", "sequence"]
 StampKind = Literal["int", "float"]
@@ -135,6 +136,16 @@ class Settings:
         record["keys"] = list(self.keys)
         record["key_types"] = list(self.key_types)
         return record
+
+
+def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
+    """A period or bucket span in the expiry key's domain of recorded ``settings`` (an
+    ``identity()``), for people: a duration in the time modes, else a number."""
+    if value is None:
+        return "-"
+    if settings.get("mode") in DURATION_MODES:
+        return human_duration(value)
+    return number_text(value)
 
 
 def find_field(schema: pa.Schema, name: str) -> pa.Field | None:
