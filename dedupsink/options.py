@@ -9,14 +9,19 @@ mode) is resolved later by :mod:`dedupsink.engine.settings`.
 from __future__ import annotations
 
 import difflib
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
-from urllib.parse import urlsplit
 
 from dedupsink.errors import DedupError, DedupOptionError
+from dedupsink.masking import (
+    MASK,
+    catalog_secrets,
+    is_secret_property,
+    mask_values,
+    storage_secrets,
+)
 from dedupsink.units import DURATION_ACCEPTED, Size, Span, parse_duration, parse_size, parse_span
 
 ExpiryMode = Literal["tupleTime", "systemTime", "ordered", "categorical"]
@@ -53,20 +58,12 @@ ICEBERG_CATALOG_PREFIX = "iceberg.catalog."
 ICEBERG_NAMESPACE = "iceberg.namespace"
 ICEBERG_NAMESPACE_DEFAULT = "dedup"
 ICEBERG_TABLE = "iceberg.table"  # default: the last segment of path
-# Catalog properties whose values are secrets: masked wherever options are shown.
-_SECRET_PROPERTY = re.compile(r"secret|password|token|credential|key", re.IGNORECASE)
 OWNER_TIMEOUT = "ownerTimeout"
 # How long after its last commit a query's hold on the store keeps another query waiting: a
 # redeploy right after a query stops waits at most this long (see store/ownership.py).
 OWNER_TIMEOUT_DEFAULT = "10 seconds"
 # Options named fs.<name> are fsspec storage options <name> for the store and the ports.
 STORAGE_OPTION_PREFIX = "fs."
-MASK = "***"
-# Storage options that say where, not who: their values are shown in errors (an endpoint is what
-# a person needs to see when it cannot be reached); every other storage option's value is masked.
-SHOWN_STORAGE_OPTIONS = frozenset(
-    {"endpoint_url", "endpoint", "region_name", "region", "anon", "use_ssl", "account_name"}
-)
 ASSUME_SAME_EXPIRY = "assumeSameExpiry"
 # Assumption 1 of the Malhar design: re-sent copies carry their original's expiry value, which
 # lets time buckets keep the working set small. Copies stamped with their own (send) time need
@@ -158,7 +155,7 @@ class DedupOptions:
 
     def __post_init__(self) -> None:
         if not self.store_path:
-            object.__setattr__(self, "store_path", join_url(self.path, STORE_DIRNAME_DEFAULT))
+            object.__setattr__(self, "store_path", default_store_path(self.path))
 
     @property
     def has_expiry(self) -> bool:
@@ -313,15 +310,15 @@ class DedupOptions:
         for name in self.storage_options:
             out[STORAGE_OPTION_PREFIX + name] = MASK
         for name, value in self.iceberg_catalog.items():
-            secret = _SECRET_PROPERTY.search(name)
-            out[ICEBERG_CATALOG_PREFIX + name] = MASK if secret else value
+            out[ICEBERG_CATALOG_PREFIX + name] = MASK if is_secret_property(name) else value
         return out
 
     def mask(self, text: str) -> str:
         """``text`` with every storage option's value replaced by ``***``, but where the
-        storage is (``SHOWN_STORAGE_OPTIONS``: its endpoint, region, account)."""
-        secrets = [v for k, v in self.iceberg_catalog.items() if _SECRET_PROPERTY.search(k)]
-        return mask_values(text, [*storage_secrets(self.storage_options), *secrets])
+        storage is (``masking.SHOWN_STORAGE_OPTIONS``: its endpoint, region, account), and
+        every secret catalog property's value."""
+        secrets = [*storage_secrets(self.storage_options), *catalog_secrets(self.iceberg_catalog)]
+        return mask_values(text, secrets)
 
     @contextmanager
     def masking(self) -> Iterator[None]:
@@ -417,29 +414,6 @@ def parse_catalog_properties(raw: Mapping[str, str]) -> dict[str, str]:
     return properties
 
 
-def storage_secrets(storage_options: Mapping[str, object]) -> list[object]:
-    """The values of ``storage_options`` that errors and logs must not show: all but those of
-    ``SHOWN_STORAGE_OPTIONS`` (or names close to one), and of those the password of a URL's
-    user part."""
-    secrets: list[object] = []
-    for name, value in storage_options.items():
-        # A misspelt endpoint (fs.endpont_url) is shown as the endpoint would be.
-        if not difflib.get_close_matches(name.lower(), SHOWN_STORAGE_OPTIONS, n=1, cutoff=0.8):
-            secrets.append(value)
-        elif isinstance(value, str) and "@" in value:
-            with suppress(ValueError):
-                secrets.append(urlsplit(value).password or "")
-    return secrets
-
-
-def mask_values(text: str, values: Iterable[object]) -> str:
-    """Replace each of ``values`` (as text, three characters or more) in ``text`` by ``***``."""
-    for value in sorted((str(v) for v in values if not isinstance(v, bool)), key=len, reverse=True):
-        if len(value) >= 3:
-            text = text.replace(value, MASK)
-    return text
-
-
 def period_required(setting: str, mode: str | None = None) -> str:
     """What a missing expiryPeriod is expected to be, naming the setting that requires it; the
     kind of value the mode takes where the mode is known, else each mode's."""
@@ -479,6 +453,6 @@ def _refuse_unknown(given: Mapping[str, str]) -> None:
         )
 
 
-def join_url(base: str, *parts: str) -> str:
-    """Join URL or path segments with '/', whatever the filesystem."""
-    return "/".join([base.rstrip("/"), *(part.strip("/") for part in parts)])
+def default_store_path(path: str) -> str:
+    """Where the store goes when ``storePath`` is not given: ``<path>/_store``."""
+    return f"{path.rstrip('/')}/{STORE_DIRNAME_DEFAULT}"
