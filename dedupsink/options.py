@@ -2,8 +2,11 @@
 
 Spark hands a data source its options as strings, case-insensitively. ``DedupOptions.parse``
 turns them into one typed, frozen object, once, on the driver; every error names the option,
-the value and what is accepted. Whatever needs the stream's schema (which columns, which
-mode) is resolved later by :mod:`dedupsink.engine.settings`.
+the value and what is accepted. The rules for combining options are split by what they need:
+those the options alone decide (which options go together) are checked here, on parsing; those
+that need the stream's schema (columns, their types, the mode a column implies) are checked by
+:mod:`dedupsink.engine.settings` on resolution. Durations and sizes are read by
+:mod:`dedupsink.units`; secret values are masked by :mod:`dedupsink.masking`.
 """
 
 from __future__ import annotations
@@ -208,6 +211,8 @@ class DedupOptions:
         return self.iceberg_table or self.path.rstrip("/").rsplit("/", 1)[-1]
 
     def _check_combinations(self) -> None:
+        """The rules for combining options that the options alone decide; the rules that need
+        the stream's schema (and the mode a column implies) are ``engine.settings.resolve``'s."""
         self._check_iceberg()
         self._check_sequence()
         if self.expiry_mode not in (None, "systemTime") and self.expiry_key is None:
@@ -244,7 +249,8 @@ class DedupOptions:
                     )
 
     def _check_sequence(self) -> None:
-        """Sequence dedup names its producers and has nothing to expire."""
+        """Sequence dedup names its producers, apart from the sequence column, and has nothing
+        to expire."""
         if self.sequence_key is None:
             return
         if self.keys is None:
@@ -273,6 +279,12 @@ class DedupOptions:
                     f"no value with {SEQUENCE_KEY}={self.sequence_key} (sequence dedup keeps "
                     "each producer's highest sequence id, which never expires)",
                 )
+        if self.sequence_key in self.keys:
+            raise DedupOptionError(
+                SEQUENCE_KEY,
+                self.sequence_key,
+                f"a column that is not one of the producer columns (keys={','.join(self.keys)})",
+            )
 
     def _check_iceberg(self) -> None:
         iceberg_only = [
@@ -412,6 +424,9 @@ def parse_catalog_properties(raw: Mapping[str, str]) -> dict[str, str]:
             )
         properties[name] = str(value)
     return properties
+
+
+# Refusals said alike by parsing and by resolution (where the mode is inferred from a column).
 
 
 def period_required(setting: str, mode: str | None = None) -> str:

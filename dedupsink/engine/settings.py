@@ -4,6 +4,9 @@
 columns, infers the expiry mode from the expiry column's type, converts periods and spans into
 the expiry domain's units and picks the bucket layout. The result, ``Settings``, is what the
 engine classifies with and what a bucket store records at creation and checks on reopen.
+The rules for combining options checked here are those that need the schema (a column, its
+type, the mode it implies, the units of its domain); the rest are checked on parsing, by
+:mod:`dedupsink.options`.
 """
 
 from __future__ import annotations
@@ -325,12 +328,6 @@ def _resolve_sequence(
             name,
             f"an integer column (a whole-valued float or decimal column also serves: rows whose "
             f"value is not a whole number go to error); {name!r} has type {field.type}",
-        )
-    if name in keys:
-        raise DedupOptionError(
-            SEQUENCE_KEY,
-            name,
-            f"a column that is not one of the producer columns (keys={','.join(keys)})",
         )
     return _without_expiry(
         "sequence", keys, key_types, options, sequence_key=name, sequence_type=str(field.type)
