@@ -103,7 +103,8 @@ def launch(variant: str, input_dir: Path, cache_memory: str) -> dict[str, Any]:
 
 
 def cache_bytes(text: str) -> int:
-    from dedupsink.options import MAX_CACHE_MEMORY, parse_size
+    from dedupsink.options import MAX_CACHE_MEMORY
+    from dedupsink.units import parse_size
 
     return parse_size(MAX_CACHE_MEMORY, text).nbytes
 

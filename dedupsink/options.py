@@ -2,22 +2,30 @@
 
 Spark hands a data source its options as strings, case-insensitively. ``DedupOptions.parse``
 turns them into one typed, frozen object, once, on the driver; every error names the option,
-the value and what is accepted. Whatever needs the stream's schema (which columns, which
-mode) is resolved later by :mod:`dedupsink.engine.settings`.
+the value and what is accepted. The rules for combining options are split by what they need:
+those the options alone decide (which options go together) are checked here, on parsing; those
+that need the stream's schema (columns, their types, the mode a column implies) are checked by
+:mod:`dedupsink.engine.settings` on resolution. Durations and sizes are read by
+:mod:`dedupsink.units`; secret values are masked by :mod:`dedupsink.masking`.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
-from urllib.parse import urlsplit
 
 from dedupsink.errors import DedupError, DedupOptionError
+from dedupsink.masking import (
+    MASK,
+    catalog_secrets,
+    is_secret_property,
+    mask_values,
+    storage_secrets,
+)
+from dedupsink.units import DURATION_ACCEPTED, Size, Span, parse_duration, parse_size, parse_span
 
 ExpiryMode = Literal["tupleTime", "systemTime", "ordered", "categorical"]
 # The modes whose periods, spans and jumps are durations (the others' are plain numbers).
@@ -53,20 +61,12 @@ ICEBERG_CATALOG_PREFIX = "iceberg.catalog."
 ICEBERG_NAMESPACE = "iceberg.namespace"
 ICEBERG_NAMESPACE_DEFAULT = "dedup"
 ICEBERG_TABLE = "iceberg.table"  # default: the last segment of path
-# Catalog properties whose values are secrets: masked wherever options are shown.
-_SECRET_PROPERTY = re.compile(r"secret|password|token|credential|key", re.IGNORECASE)
 OWNER_TIMEOUT = "ownerTimeout"
 # How long after its last commit a query's hold on the store keeps another query waiting: a
 # redeploy right after a query stops waits at most this long (see store/ownership.py).
 OWNER_TIMEOUT_DEFAULT = "10 seconds"
 # Options named fs.<name> are fsspec storage options <name> for the store and the ports.
 STORAGE_OPTION_PREFIX = "fs."
-MASK = "***"
-# Storage options that say where, not who: their values are shown in errors (an endpoint is what
-# a person needs to see when it cannot be reached); every other storage option's value is masked.
-SHOWN_STORAGE_OPTIONS = frozenset(
-    {"endpoint_url", "endpoint", "region_name", "region", "anon", "use_ssl", "account_name"}
-)
 ASSUME_SAME_EXPIRY = "assumeSameExpiry"
 # Assumption 1 of the Malhar design: re-sent copies carry their original's expiry value, which
 # lets time buckets keep the working set small. Copies stamped with their own (send) time need
@@ -80,104 +80,6 @@ BUCKETS_PER_PERIOD_DEFAULT = 16
 
 # Options Spark itself puts in a sink's option map; they are Spark's business, not ours.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname", "__checkpointlocation"})
-
-# Microseconds per time unit: the one table of units, for durations in options, Arrow's
-# timestamp units and the CLI's display.
-MICROS_PER_UNIT = {
-    "week": 604_800_000_000,
-    "day": 86_400_000_000,
-    "hour": 3_600_000_000,
-    "minute": 60_000_000,
-    "second": 1_000_000,
-    "millisecond": 1_000,
-    "microsecond": 1,
-}
-MICROS_PER_DAY = MICROS_PER_UNIT["day"]
-UNIT_ALIASES = {
-    "w": "week",
-    "d": "day",
-    "h": "hour",
-    "hr": "hour",
-    "m": "minute",
-    "min": "minute",
-    "s": "second",
-    "sec": "second",
-    "ms": "millisecond",
-    "us": "microsecond",
-}
-
-
-def micros_per(unit: str) -> int | None:
-    """Microseconds in one ``unit`` (a name or an abbreviation such as Arrow's 's', 'ms'), or
-    None for a unit not known."""
-    return MICROS_PER_UNIT.get(UNIT_ALIASES.get(unit, unit))
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
-_NUMBER = re.compile(r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$")
-DURATION_ACCEPTED = "a duration such as '24 hours', '90 minutes', '30 s' or '500 ms'"
-_UNIT_BYTES = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$")
-SIZE_ACCEPTED = "a size such as '128 MB', '2 GB', '512m' or a number of bytes"
-
-
-@dataclass(frozen=True)
-class Span:
-    """A length as the user wrote it: a duration (held in microseconds) or a plain number."""
-
-    text: str
-    amount: float
-    is_duration: bool
-
-    @property
-    def micros(self) -> int:
-        return round(self.amount)
-
-
-def parse_duration(option: str, text: str) -> Span:
-    """Parse ``'24 hours'``-style text into microseconds, naming ``option`` on failure."""
-    match = _DURATION.match(text.lower())
-    unit = match.group(2) if match else ""
-    if micros_per(unit) is None and unit.endswith("s"):
-        unit = unit[:-1]  # a plural ("hours"); "ms" and "us" are units themselves
-    factor = micros_per(unit)
-    if match is None or factor is None:
-        raise DedupOptionError(option, text, DURATION_ACCEPTED)
-    micros = float(match.group(1)) * factor
-    if micros <= 0:
-        raise DedupOptionError(option, text, "a positive " + DURATION_ACCEPTED)
-    return Span(text, micros, is_duration=True)
-
-
-def parse_span(option: str, text: str) -> Span:
-    """A positive number, or a duration; which one a mode needs is checked on resolution."""
-    if _NUMBER.match(text):
-        value = float(text)
-        if not value > 0 or value == float("inf"):
-            raise DedupOptionError(option, text, "a positive number or " + DURATION_ACCEPTED)
-        return Span(text, value, is_duration=False)
-    try:
-        return parse_duration(option, text)
-    except DedupOptionError as exc:
-        raise DedupOptionError(option, text, "a positive number or " + DURATION_ACCEPTED) from exc
-
-
-@dataclass(frozen=True)
-class Size:
-    """A number of bytes as the user wrote it (binary units: '1 MB' is 2**20 bytes)."""
-
-    text: str
-    nbytes: int
-
-
-def parse_size(option: str, text: str) -> Size:
-    match = _SIZE.match(text.lower())
-    if match is None:
-        raise DedupOptionError(option, text, SIZE_ACCEPTED)
-    nbytes = int(float(match.group(1)) * _UNIT_BYTES[match.group(2)])
-    if nbytes <= 0:
-        raise DedupOptionError(option, text, "a positive " + SIZE_ACCEPTED)
-    return Size(text, nbytes)
 
 
 def parse_positive_int(option: str, text: str) -> int:
@@ -211,48 +113,6 @@ def parse_bool(option: str, text: str) -> bool:
 def bool_text(value: bool) -> str:
     """A boolean as an option value: ``true`` or ``false``."""
     return "true" if value else "false"
-
-
-def human_duration(micros: float) -> str:
-    """``86400000000`` -> ``'24 hours'``: a duration as an option value, the largest unit that
-    divides it exactly (what ``inspect`` and a refused settings change show)."""
-    whole = round(micros)
-    hour = MICROS_PER_UNIT["hour"]
-    if 0 < whole <= 2 * MICROS_PER_DAY and whole % hour == 0:
-        hours = whole // hour
-        return f"{hours} hour{'s' if hours != 1 else ''}"
-    for name, size in MICROS_PER_UNIT.items():
-        if whole and whole % size == 0:
-            amount = whole // size
-            return f"{amount} {name}{'s' if amount != 1 else ''}"
-    return f"{whole} microseconds"
-
-
-def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
-    """A period or bucket span in the expiry key's domain, for people."""
-    if value is None:
-        return "-"
-    if settings.get("mode") in DURATION_MODES:
-        return human_duration(value)
-    return number_text(value)
-
-
-def number_text(value: float) -> str:
-    """``3.0`` -> ``'3'``, ``0.5`` -> ``'0.5'``: a number as an option value."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def utc_text(micros: float, zone: bool = True) -> str:
-    """A time in microseconds since the epoch as UTC text (``2014-12-31 07:55:00 UTC``); one
-    outside the years 1 to 9999 as its number, not an error."""
-    try:
-        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros))
-    except OverflowError:
-        return f"{int(micros)} µs since 1970-01-01"
-    text = moment.strftime("%Y-%m-%d %H:%M:%S")
-    if moment.microsecond:
-        text += f".{moment.microsecond:06d}".rstrip("0")
-    return text + (" UTC" if zone else "")
 
 
 def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:
@@ -298,7 +158,7 @@ class DedupOptions:
 
     def __post_init__(self) -> None:
         if not self.store_path:
-            object.__setattr__(self, "store_path", join_url(self.path, STORE_DIRNAME_DEFAULT))
+            object.__setattr__(self, "store_path", default_store_path(self.path))
 
     @property
     def has_expiry(self) -> bool:
@@ -351,6 +211,8 @@ class DedupOptions:
         return self.iceberg_table or self.path.rstrip("/").rsplit("/", 1)[-1]
 
     def _check_combinations(self) -> None:
+        """The rules for combining options that the options alone decide; the rules that need
+        the stream's schema (and the mode a column implies) are ``engine.settings.resolve``'s."""
         self._check_iceberg()
         self._check_sequence()
         if self.expiry_mode not in (None, "systemTime") and self.expiry_key is None:
@@ -387,7 +249,8 @@ class DedupOptions:
                     )
 
     def _check_sequence(self) -> None:
-        """Sequence dedup names its producers and has nothing to expire."""
+        """Sequence dedup names its producers, apart from the sequence column, and has nothing
+        to expire."""
         if self.sequence_key is None:
             return
         if self.keys is None:
@@ -416,6 +279,12 @@ class DedupOptions:
                     f"no value with {SEQUENCE_KEY}={self.sequence_key} (sequence dedup keeps "
                     "each producer's highest sequence id, which never expires)",
                 )
+        if self.sequence_key in self.keys:
+            raise DedupOptionError(
+                SEQUENCE_KEY,
+                self.sequence_key,
+                f"a column that is not one of the producer columns (keys={','.join(self.keys)})",
+            )
 
     def _check_iceberg(self) -> None:
         iceberg_only = [
@@ -453,15 +322,15 @@ class DedupOptions:
         for name in self.storage_options:
             out[STORAGE_OPTION_PREFIX + name] = MASK
         for name, value in self.iceberg_catalog.items():
-            secret = _SECRET_PROPERTY.search(name)
-            out[ICEBERG_CATALOG_PREFIX + name] = MASK if secret else value
+            out[ICEBERG_CATALOG_PREFIX + name] = MASK if is_secret_property(name) else value
         return out
 
     def mask(self, text: str) -> str:
         """``text`` with every storage option's value replaced by ``***``, but where the
-        storage is (``SHOWN_STORAGE_OPTIONS``: its endpoint, region, account)."""
-        secrets = [v for k, v in self.iceberg_catalog.items() if _SECRET_PROPERTY.search(k)]
-        return mask_values(text, [*storage_secrets(self.storage_options), *secrets])
+        storage is (``masking.SHOWN_STORAGE_OPTIONS``: its endpoint, region, account), and
+        every secret catalog property's value."""
+        secrets = [*storage_secrets(self.storage_options), *catalog_secrets(self.iceberg_catalog)]
+        return mask_values(text, secrets)
 
     @contextmanager
     def masking(self) -> Iterator[None]:
@@ -557,27 +426,7 @@ def parse_catalog_properties(raw: Mapping[str, str]) -> dict[str, str]:
     return properties
 
 
-def storage_secrets(storage_options: Mapping[str, object]) -> list[object]:
-    """The values of ``storage_options`` that errors and logs must not show: all but those of
-    ``SHOWN_STORAGE_OPTIONS`` (or names close to one), and of those the password of a URL's
-    user part."""
-    secrets: list[object] = []
-    for name, value in storage_options.items():
-        # A misspelt endpoint (fs.endpont_url) is shown as the endpoint would be.
-        if not difflib.get_close_matches(name.lower(), SHOWN_STORAGE_OPTIONS, n=1, cutoff=0.8):
-            secrets.append(value)
-        elif isinstance(value, str) and "@" in value:
-            with suppress(ValueError):
-                secrets.append(urlsplit(value).password or "")
-    return secrets
-
-
-def mask_values(text: str, values: Iterable[object]) -> str:
-    """Replace each of ``values`` (as text, three characters or more) in ``text`` by ``***``."""
-    for value in sorted((str(v) for v in values if not isinstance(v, bool)), key=len, reverse=True):
-        if len(value) >= 3:
-            text = text.replace(value, MASK)
-    return text
+# Refusals said alike by parsing and by resolution (where the mode is inferred from a column).
 
 
 def period_required(setting: str, mode: str | None = None) -> str:
@@ -619,6 +468,6 @@ def _refuse_unknown(given: Mapping[str, str]) -> None:
         )
 
 
-def join_url(base: str, *parts: str) -> str:
-    """Join URL or path segments with '/', whatever the filesystem."""
-    return "/".join([base.rstrip("/"), *(part.strip("/") for part in parts)])
+def default_store_path(path: str) -> str:
+    """Where the store goes when ``storePath`` is not given: ``<path>/_store``."""
+    return f"{path.rstrip('/')}/{STORE_DIRNAME_DEFAULT}"

@@ -12,7 +12,8 @@ import pytest
 
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import NUM_BUCKETS_DEFAULT, DedupOptions, parse_duration
+from dedupsink.options import NUM_BUCKETS_DEFAULT, DedupOptions
+from dedupsink.units import parse_duration
 
 SCHEMA = pa.schema(
     [

@@ -24,8 +24,8 @@ from dedupsink.options import (
     SINK_OPTIONS,
     STORAGE_OPTION_PREFIX,
     STORE_PATH,
-    parse_duration,
 )
+from dedupsink.units import parse_duration
 
 __all__ = [
     "CHECKPOINT",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dedupsink.options import utc_text
 from dedupsink.store.history import point_text as history_point_text
+from dedupsink.units import utc_text
 
 __all__ = ["human_bytes", "point_text", "table", "utc_text"]
 

@@ -20,15 +20,13 @@ from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.sequence import highest_per_producer
-from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
+from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of, human_span
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
     OUTPUT_FORMAT_DEFAULT,
     STORE_DIRNAME_DEFAULT,
     DedupOptions,
     bool_text,
-    human_span,
-    join_url,
 )
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.formats import port_format
@@ -37,7 +35,7 @@ from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner
-from dedupsink.store.storage import Storage
+from dedupsink.store.storage import Storage, join
 from dedupsink.store.store import LOG_DIR, BucketStore, find_store, recorded_settings
 
 __all__ = ["Location", "locate", "render", "report", "to_json"]
@@ -203,7 +201,7 @@ def _ports_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
             "rows": state.rows if state else 0,
             "files": state.files if state else 0,
             "batches": state.next_log if state else 0,
-            "path": join_url(output_url, port) if output_url else None,
+            "path": join(output_url, port) if output_url else None,
         }
         if ports is not None:
             entry["address"] = ports.address(port)

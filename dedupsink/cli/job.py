@@ -39,9 +39,9 @@ from dedupsink.cli.ddl import parse_schema
 from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import PATH, STORE_PATH, DedupOptions, join_url
+from dedupsink.options import PATH, STORE_PATH, DedupOptions
 from dedupsink.store.format import Manifest
-from dedupsink.store.storage import Storage, basename
+from dedupsink.store.storage import Storage, basename, join
 from dedupsink.store.store import BucketStore, check_settings
 
 log = logging.getLogger("dedupsink.cli")
@@ -261,7 +261,7 @@ def checkpoint_for(job: PreparedJob) -> tuple[str, bool]:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     name = f"run-{stamp}-{uuid.uuid4().hex[:6]}"
     if spark_has_filesystem(job.options.path):
-        return join_url(job.options.path, CHECKPOINTS_DIR, name), True
+        return join(job.options.path, CHECKPOINTS_DIR, name), True
     return os.path.join(tempfile.gettempdir(), LOCAL_CHECKPOINTS, name), True
 
 

@@ -24,8 +24,8 @@ from dedupsink.cli.display import human_bytes
 from dedupsink.cli.history import history_table
 from dedupsink.cli.inspect import Location
 from dedupsink.engine.classify import PORTS
-from dedupsink.options import number_text, utc_text
 from dedupsink.store.store import recorded_settings
+from dedupsink.units import number_text, utc_text
 
 __all__ = ["COLOURS", "MAX_COLUMNS", "Column", "ReportFile", "columns_of", "page", "write_report"]
 

@@ -31,17 +31,10 @@ from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
 from dedupsink.engine.classify import PORTS
-from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of
+from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of, human_span
 from dedupsink.errors import DedupError, StoreError
-from dedupsink.options import (
-    STORE_DIRNAME_DEFAULT,
-    DedupOptions,
-    bool_text,
-    human_span,
-    join_url,
-    mask_values,
-    storage_secrets,
-)
+from dedupsink.masking import mask_values, storage_secrets
+from dedupsink.options import DedupOptions, bool_text, default_store_path
 from dedupsink.ports.formats import port_format
 from dedupsink.sink.worker import COMMIT_LOG_ENV
 from dedupsink.store.format import Manifest
@@ -403,7 +396,7 @@ def inspect_command(options: DedupOptions, program: str = "dedupsink") -> tuple[
     endpoint, a region, an account; a password in an endpoint URL masked) and ``...`` for every
     other value, which may be a secret."""
     words = [program, "inspect", shlex.quote(options.path)]
-    if options.store_path != join_url(options.path, STORE_DIRNAME_DEFAULT):
+    if options.store_path != default_store_path(options.path):
         words += ["--store", shlex.quote(options.store_path)]
     hidden = False
     for name, value in options.storage_options.items():

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dedupsink.engine.settings import Settings
-from dedupsink.options import MICROS_PER_DAY, micros_per
+from dedupsink.units import MICROS_PER_DAY, micros_per
 
 # ISO-8601 as producers write it: a 'T' or a space, an offset (``Z``, ``+02:00``, ``+0200``) or
 # none (read as UTC), and a fraction of a second, which Arrow's strptime has no directive for:

@@ -4,11 +4,15 @@
 columns, infers the expiry mode from the expiry column's type, converts periods and spans into
 the expiry domain's units and picks the bucket layout. The result, ``Settings``, is what the
 engine classifies with and what a bucket store records at creation and checks on reopen.
+The rules for combining options checked here are those that need the schema (a column, its
+type, the mode it implies, the units of its domain); the rest are checked on parsing, by
+:mod:`dedupsink.options`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -31,11 +35,11 @@ from dedupsink.options import (
     OUTPUT_FORMAT_DEFAULT,
     SEQUENCE_KEY,
     DedupOptions,
-    Span,
     bool_text,
     misplaced_assume_same_expiry,
     period_required,
 )
+from dedupsink.units import Span, human_duration, number_text
 
 StampKind = Literal["int", "float"]
 # Input rows as the engine takes them: one record batch, or a table of several (a task's chunk).
@@ -117,6 +121,16 @@ class Settings:
         record["keys"] = list(self.keys)
         record["key_types"] = list(self.key_types)
         return record
+
+
+def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
+    """A period or bucket span in the expiry key's domain of recorded ``settings`` (an
+    ``identity()``), for people: a duration in the time modes, else a number."""
+    if value is None:
+        return "-"
+    if settings.get("mode") in DURATION_MODES:
+        return human_duration(value)
+    return number_text(value)
 
 
 def find_field(schema: pa.Schema, name: str) -> pa.Field | None:
@@ -296,12 +310,6 @@ def _resolve_sequence(
             name,
             f"an integer column (a whole-valued float or decimal column also serves: rows whose "
             f"value is not a whole number go to error); {name!r} has type {field.type}",
-        )
-    if name in keys:
-        raise DedupOptionError(
-            SEQUENCE_KEY,
-            name,
-            f"a column that is not one of the producer columns (keys={','.join(keys)})",
         )
     return _without_expiry(
         "sequence", keys, key_types, options, sequence_key=name, sequence_type=str(field.type)

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from dedupsink.errors import DedupOptionError
-from dedupsink.options import OUTPUT_FORMAT, PATH, DedupOptions, join_url
+from dedupsink.options import OUTPUT_FORMAT, PATH, DedupOptions
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import STAGED, Layout, Output, PortFile
 from dedupsink.store.format import PortState
 from dedupsink.store.records import LogEntry, Move, Publication
+from dedupsink.store.storage import join
 
 if TYPE_CHECKING:
     from dedupsink.ports.repair import LogRepair
@@ -83,7 +84,7 @@ class PortFormat(ABC):
 
     def address(self, port: str) -> str:
         """Where a person finds the port: its folder, Delta table or Iceberg table."""
-        return join_url(self.options.path, port)
+        return join(self.options.path, port)
 
     def describe(self, port: str, store_id: str) -> dict[str, Any]:
         """What ``inspect`` shows of one port beyond the store's own counts."""

@@ -24,18 +24,6 @@ from dedupsink.store.storage import Storage, basename
 STAGING_DIR = "_staging"
 
 
-def absolute_url(url: str) -> str:
-    """``url`` with a local path made absolute (``file://``); other URLs are returned as given.
-
-    Executors run in other working directories (a cluster's work dirs), so a relative path
-    is resolved once, on the driver."""
-    if "://" in url:
-        return url
-    from fsspec.implementations.local import make_path_posix
-
-    return "file://" + make_path_posix(url)
-
-
 def staged_stem(partition: int, attempt: int) -> str:
     """How a task's staged files begin: ``p<partition>-a<attempt>-<id>`` (the commit reads the
     partition back from the first field)."""

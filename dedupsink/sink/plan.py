@@ -1,8 +1,10 @@
 """What a write carries from the driver to its tasks and commit, and who a task is.
 
 A ``SinkPlan`` is built once on the driver (``streamWriter`` or ``writer``), pickled with the
-writer to every task, and rebuilt by the driver for each commit. A ``TaskIdentity`` is where a
-task stands: the query and its run, the window's batch, the partition and the attempt.
+writer to every task, and rebuilt by the driver for each commit. ``plan_for`` builds it in one
+pass down the layers: options parsed, their paths made absolute, resolved against the schema
+(engine), then the store and the ports checked. A ``TaskIdentity`` is where a task stands: the
+query and its run, the window's batch, the partition and the attempt.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import pyarrow as pa
+from fsspec.implementations.local import make_path_posix
 
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.formats import port_format
-from dedupsink.ports.output import Output, absolute_url
+from dedupsink.ports.output import Output
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer
@@ -81,15 +84,28 @@ def plan_for(
     resolved against the schema, and the store and the ports reached and checked (``always``,
     ``once`` a process for a configuration, or ``never``). Raises before anything is
     written."""
-    parsed = DedupOptions.parse(raw)
-    options = replace(
-        parsed, path=absolute_url(parsed.path), store_path=absolute_url(parsed.store_path)
-    )
+    options = with_absolute_paths(DedupOptions.parse(raw))
     plan = SinkPlan(options, resolve(options, schema), schema, run)
     if check != "never":
         with options.masking():
             prepare_store_and_ports(plan, once=check == "once")
     return plan
+
+
+def with_absolute_paths(options: DedupOptions) -> DedupOptions:
+    """``options`` with a relative local ``path`` and ``storePath`` made absolute: executors
+    run in other working directories (a cluster's work dirs), so they are resolved once, on
+    the driver."""
+    return replace(
+        options, path=absolute_url(options.path), store_path=absolute_url(options.store_path)
+    )
+
+
+def absolute_url(url: str) -> str:
+    """``url`` with a local path made absolute (``file://``); other URLs are returned as given."""
+    if "://" in url:
+        return url
+    return "file://" + make_path_posix(url)
 
 
 def prepare_store_and_ports(plan: SinkPlan, once: bool = False) -> None:

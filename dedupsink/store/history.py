@@ -22,11 +22,11 @@ import pyarrow as pa
 
 from dedupsink.engine.settings import expiry_point_of
 from dedupsink.errors import DedupOptionError, StoreCorruptError
-from dedupsink.options import MICROS_PER_DAY, number_text, utc_text
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest
 from dedupsink.store.storage import Storage
 from dedupsink.store.store import BucketStore, find_store, recorded_settings
+from dedupsink.units import MICROS_PER_DAY, number_text, utc_text
 
 __all__ = [
     "COLUMNS",

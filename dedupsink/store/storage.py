@@ -28,12 +28,8 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from dedupsink.errors import DedupOptionError, StoreError
-from dedupsink.options import (
-    MASK,
-    STORAGE_OPTION_PREFIX,
-    mask_values,
-    storage_secrets,
-)
+from dedupsink.masking import MASK, mask_values, storage_secrets
+from dedupsink.options import STORAGE_OPTION_PREFIX
 
 __all__ = [
     "Entry",

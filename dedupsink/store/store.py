@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dedupsink.engine.settings import Settings
+from dedupsink.engine.settings import Settings, human_span
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreError, StoreSettingsError
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
@@ -36,7 +36,6 @@ from dedupsink.options import (
     SEQUENCE_KEY,
     STORE_PATH,
     bool_text,
-    human_span,
 )
 from dedupsink.options import (
     STORE_DIRNAME_DEFAULT as STORE_DIRNAME,
