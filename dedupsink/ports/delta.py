@@ -182,8 +182,6 @@ class DeltaPorts(PortFormat):
         publication: Publication,
         store_id: str,
     ) -> None:
-        from deltalake.transaction import AddAction, CommitProperties, Transaction
-
         uri = self.table_uri(port)
         own = _own_commits.get(uri)
         if own is not None and own.store_id == store_id:
@@ -192,26 +190,8 @@ class DeltaPorts(PortFormat):
             if self._append(port, own.table_version + 1, files, publication, store_id):
                 return
         _own_commits.pop(uri, None)  # another writer committed: read the table again
-        app_id = self.app_id(store_id, port)
-        actions = [
-            AddAction(
-                move.target[len(port) + 1 :],
-                move.size or 0,
-                {},
-                publication.modified_ms,
-                True,
-                json.dumps({"numRecords": move.rows or 0}),
-            )
-            for move in files
-        ]
-        properties = CommitProperties(
-            app_transactions=[Transaction(app_id, publication.window)],
-            custom_metadata={
-                "dedupsink.store": store_id,
-                "dedupsink.version": str(publication.window),
-            },
-            max_commit_retries=0,
-        )
+        actions = _add_actions(port, files, publication)
+        properties = _commit_properties(self.app_id(store_id, port), store_id, publication)
         for _ in range(_COMMIT_ROUNDS):
             table = self._table(deltalake, port)
             if table is None:
@@ -416,3 +396,35 @@ def _with_defaults(translated: dict[str, str], endpoint: str, allow_http: str) -
         translated[allow_http] = "true"
     translated.setdefault("timeout", _REQUEST_TIMEOUT)
     return translated
+
+
+def _add_actions(port: str, files: list[Move], publication: Publication) -> list[Any]:
+    """Delta's add action of each file, with its size and row count (the driver reads none)."""
+    from deltalake.transaction import AddAction
+
+    return [
+        AddAction(
+            move.target[len(port) + 1 :],
+            move.size or 0,
+            {},
+            publication.modified_ms,
+            True,
+            json.dumps({"numRecords": move.rows or 0}),
+        )
+        for move in files
+    ]
+
+
+def _commit_properties(app_id: str, store_id: str, publication: Publication) -> Any:
+    """The application transaction that makes the commit idempotent, and no retry: a conflict
+    is read again here, where the table is asked whether the window is already in it."""
+    from deltalake.transaction import CommitProperties, Transaction
+
+    return CommitProperties(
+        app_transactions=[Transaction(app_id, publication.window)],
+        custom_metadata={
+            "dedupsink.store": store_id,
+            "dedupsink.version": str(publication.window),
+        },
+        max_commit_retries=0,
+    )

@@ -151,6 +151,28 @@ class KeysContext:
         return cls(classifier.settings, classifier.expiry_point, tuple(classifier.new_categories))
 
 
+@dataclass
+class _FileLayout:
+    """A window file as it is laid out: its byte chunks, segments, size, keys, newest stamp."""
+
+    name: str
+    chunks: list[bytes | memoryview]
+    segments: dict[int, Segment]
+    nbytes: int
+    count: int
+    newest: float | None
+
+    def add(
+        self, pieces: list[memoryview], bucket: int, segment: Segment, top: float | None
+    ) -> None:
+        self.chunks.extend(pieces)
+        self.segments[bucket] = segment
+        self.nbytes += segment.length
+        self.count += segment.count
+        if top is not None:
+            self.newest = top if self.newest is None else max(self.newest, top)
+
+
 def write_window_file(
     store: BucketStore,
     manifest: Manifest,
@@ -163,53 +185,61 @@ def write_window_file(
     written = WrittenWindowFile(None, {}, {}, len(new.h1))
     for fold in folds:
         written.supersedes[fold.bucket] = [s.ident for s in fold.segments]
-    window = manifest.version + 1
-    name = window_file_name(window, partition)
+    version = manifest.version + 1
+    name = window_file_name(version, partition)
     keys = _with_decoded_folds(new, [(f.bucket, f.keys) for f in folds if f.keys is not None])
     byte_folds = [(fold, fold.raw) for fold in folds if fold.raw is not None]
     joining = np.isin(keys.buckets, [fold.bucket for fold, _ in byte_folds])
     data, segments = _encode(keys, ~joining, name)
-    chunks: list[bytes | memoryview] = [data]
-    nbytes, count = len(data), len(keys.h1) - int(joining.sum())
-    file_max = _known_max(keys.stamps, context.settings)
+    count = len(keys.h1) - int(joining.sum())
+    layout = _FileLayout(
+        name, [data], segments, len(data), count, _known_max(keys.stamps, context.settings)
+    )
     # The new keys of buckets folded as bytes join their folds, as segments of their own.
-    joined, joined_segments = _encode(keys, joining, name)
-    dtype = stamp_dtype(context.settings)
-    each_key = not context.settings.buckets_by_time  # a hash bucket's segments mix old and new
+    joined = _encode(keys, joining, name)
     for fold, raw in byte_folds:
-        raws, parts = list(raw), list(fold.segments)
-        paths = [store.data_url(s.file) for s in fold.segments]
-        if fold.bucket in joined_segments:
-            own = joined_segments[fold.bucket]
-            raws.insert(0, joined[own.offset : own.offset + own.length])
-            parts.insert(0, own)
-            paths.insert(0, store.data_url(name))
-        pieces, segment, top = concat_segments(
-            raws, parts, dtype, paths, name, nbytes, context.expiry_point, each_key
-        )
-        if segment is None:
-            continue  # every folded key is expired: the folded segments just leave the index
-        chunks.extend(pieces)
-        segments[fold.bucket] = segment
-        nbytes += segment.length
-        count += segment.count
-        if top is not None:
-            file_max = top if file_max is None else max(file_max, top)
-    if not segments:
+        _add_byte_fold(store, context, layout, fold, raw, joined)
+    if not layout.segments:
         return written  # no new keys, or folds that left nothing: the commit drops the folded
-    store.write_window_file(name, chunks)
+    store.write_window_file(name, layout.chunks)
     written.window_file = WindowFile(
         name=name,
-        window=window,
+        window=version,
         partition=partition,
-        keys=count,
-        nbytes=nbytes,
-        buckets=sorted(segments),
-        max_stamp=file_max,
+        keys=layout.count,
+        nbytes=layout.nbytes,
+        buckets=sorted(layout.segments),
+        max_stamp=layout.newest,
         local_categories=list(context.new_categories),
     )
-    written.segments = segments
+    written.segments = layout.segments
     return written
+
+
+def _add_byte_fold(
+    store: BucketStore,
+    context: KeysContext,
+    layout: _FileLayout,
+    fold: Fold,
+    raw: Sequence[SegmentBytes],
+    joined: tuple[bytes | memoryview, dict[int, Segment]],
+) -> None:
+    """Append a fold made of stored bytes, the window's own new keys of its bucket first."""
+    raws, parts = list(raw), list(fold.segments)
+    paths = [store.data_url(s.file) for s in fold.segments]
+    joined_bytes, joined_segments = joined
+    if fold.bucket in joined_segments:
+        own = joined_segments[fold.bucket]
+        raws.insert(0, joined_bytes[own.offset : own.offset + own.length])
+        parts.insert(0, own)
+        paths.insert(0, store.data_url(layout.name))
+    dtype = stamp_dtype(context.settings)
+    each_key = not context.settings.buckets_by_time  # a hash bucket's segments mix old and new
+    pieces, segment, top = concat_segments(
+        raws, parts, dtype, paths, layout.name, layout.nbytes, context.expiry_point, each_key
+    )
+    if segment is not None:  # None: every folded key is expired, the segments just leave
+        layout.add(pieces, fold.bucket, segment, top)
 
 
 def fold_producers(
