@@ -228,11 +228,11 @@ def human_duration(micros: float) -> str:
     return f"{whole} microseconds"
 
 
-def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
-    """A period or bucket span in the expiry key's domain, for people."""
+def human_span(value: float | None, mode: str) -> str:
+    """A period or bucket span in the expiry key's domain (of ``mode``), for people."""
     if value is None:
         return "-"
-    if settings.get("mode") in DURATION_MODES:
+    if mode in DURATION_MODES:
         return human_duration(value)
     return number_text(value)
 

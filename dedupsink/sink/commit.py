@@ -329,7 +329,7 @@ def _report(
     settings = plan.settings
     return CommitReport(
         version=nxt.version,
-        windows=int(nxt.totals.get("windows", 0)),
+        windows=nxt.totals.windows,
         batch_id=batch_id,
         query_id=writer.query,
         counts=last.counts if last else WindowCounts(),

@@ -67,7 +67,7 @@ def _start_from(base: Manifest, now_ms: int) -> Manifest:
             port: replace(state, recent=None if state.recent is None else list(state.recent))
             for port, state in base.ports.items()
         },
-        totals=dict(base.totals),
+        totals=base.totals,
         publication=None,
         last_window=None,
     )
@@ -198,10 +198,8 @@ def drop_expired_files(nxt: Manifest, update: WindowUpdate) -> None:
 
 def count_window(nxt: Manifest, update: WindowUpdate) -> None:
     counts = sum((t.counts for t in update.tasks), WindowCounts())
-    nxt.totals["remembered"] = sum(s.count for segments in nxt.buckets.values() for s in segments)
-    nxt.totals["windows"] = nxt.totals.get("windows", 0) + 1
-    for port in PORTS:
-        nxt.totals[port] = nxt.totals.get(port, 0) + counts[port]
+    remembered = sum(s.count for segments in nxt.buckets.values() for s in segments)
+    nxt.totals = nxt.totals.after_window(counts, remembered)
     nxt.last_window = WindowRecord(
         window=nxt.version,
         query=update.writer.query,
