@@ -74,7 +74,7 @@ def run(rows: int, window: int, mode: str) -> tuple[float, float]:
         files, data_bytes = store.disk_usage()
         manifest_bytes = len(manifest.to_bytes())
         remembered = manifest.remembered_keys
-        totals = manifest.totals
+        totals = manifest.totals.counts
     rows_per_s = warm_rows / classify_s
     bytes_per_key = (data_bytes + manifest_bytes) / max(remembered, 1)
     print(f"mode={mode} rows={rows} window={window}")

@@ -256,7 +256,7 @@ def run_day(
         "snapshots": snapshots,
         "baseline_rss": baseline_rss,
         "peak_rss": vm_hwm(),
-        "totals": manifest.totals,
+        "totals": manifest.totals.to_wire(),
         "expected": {
             "unique": all_windows * (rows_per_batch - day.resends),
             "duplicate": all_windows * day.resends,

@@ -17,14 +17,15 @@ from typing import Any
 
 from dedupsink.errors import StoreConflictError
 from dedupsink.store.format import Manifest
+from dedupsink.store.records import StoreSettings, StoreTotals
 from dedupsink.store.store import BucketStore
 
-SETTINGS = {"mode": "basic", "keys": ["id"], "key_types": ["int64"]}
+SETTINGS = StoreSettings("basic", ("id",), ("int64",), None, None, "int", None, None, 1)
 LIST_EVERY = 10
 
 
 def manifest_of(writer: int, version: int) -> Manifest:
-    return Manifest(version, "race", SETTINGS, 0, totals={"writer": writer})
+    return Manifest(version, "race", SETTINGS, 0, totals=StoreTotals(windows=writer))
 
 
 def commit_rounds(

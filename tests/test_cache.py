@@ -204,7 +204,7 @@ def filled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def test_the_filled_store_spans_many_buckets(filled: FilledStore) -> None:
     last = filled.latest()
     assert len(last.buckets) > 2
-    assert last.totals["windows"] == WINDOWS
+    assert last.totals.windows == WINDOWS
     if filled.mode in ("basic", "own-time"):
         # Every window adds a segment to nearly every hash bucket: crowded ones got compacted.
         assert filled.compacted_buckets > 0
@@ -480,7 +480,7 @@ def fps_of(ids: Sequence[int]) -> Fingerprints:
 
 def remembered(manager: BucketManager, manifest: Manifest, ids: Sequence[int]) -> list[bool]:
     fps = fps_of(ids)
-    buckets = (fps.h1 % np.uint64(manifest.settings["bucket_count"])).astype(np.int64)
+    buckets = (fps.h1 % np.uint64(manifest.settings.bucket_count)).astype(np.int64)
     return manager.use(manifest).remembered(buckets, fps, None).tolist()
 
 
@@ -546,7 +546,7 @@ def test_a_warm_manager_sees_keys_once_their_window_commits(tmp_path: Path) -> N
 def expiry_answers(manager: BucketManager, manifest: Manifest, ids: Sequence[int]) -> list[bool]:
     """Which ids the manager remembers above the manifest's expiry point (one bucket)."""
     fps = fps_of(ids)
-    point = manifest.latest - manifest.settings["period"]
+    point = manifest.latest - manifest.settings.period
     return manager.use(manifest).remembered(np.zeros(len(ids), np.int64), fps, point).tolist()
 
 

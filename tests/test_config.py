@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from manifests import recorded_without
 from pyspark.sql.types import (
     ArrayType,
     DecimalType,
@@ -397,8 +398,9 @@ def test_inspect_a_store_recorded_before_assume_same_expiry_shows_true(
     assert manifest is not None
     old = Manifest.from_bytes(manifest.to_bytes(), "test")
     old.version += 1
-    del old.settings["assume_same_expiry"]
-    store.commit(old)
+    store.storage.create(
+        store.manifest_path(old.version), recorded_without(old, "assume_same_expiry")
+    )
     assert main(["inspect", str(tmp_path / "out")]) == 0
     assert "assumeSameExpiry true" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0

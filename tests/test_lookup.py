@@ -16,7 +16,7 @@ import pytest
 
 import dedupsink
 from dedupsink.cli.errors import ConfigError
-from dedupsink.cli.lookup import _settings, render
+from dedupsink.cli.lookup import render
 from dedupsink.cli.main import main
 from dedupsink.engine.classify import bucket_of
 from dedupsink.engine.fingerprint import fingerprint
@@ -96,7 +96,7 @@ def test_fingerprint_and_bucket_are_the_classifiers(basic_store: Path) -> None:
     assert found.fingerprint == f"{int(fps.h1[0]):016x}{int(fps.h2[0]):016x}"
     manifest = BucketStore(str(basic_store / "_store")).read()
     assert manifest is not None
-    settings = _settings(manifest.settings)
+    settings = manifest.settings.engine_settings()
     assert found.bucket == int(bucket_of(settings, fps, None)[0])
 
 

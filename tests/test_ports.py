@@ -135,7 +135,7 @@ def _publish_from_another_process(
     from dedupsink.ports.formats import port_format
     from dedupsink.store.records import Publication
 
-    publication = Publication.from_wire(publication_wire, 0)
+    publication = Publication.from_wire(publication_wire)
     assert publication is not None
     start.wait()
     port_format(DedupOptions.parse(sink_options)).publish(publication, "racer")

@@ -29,11 +29,14 @@ from dedupsink.cli.report import COLOURS, MAX_COLUMNS, columns_of, page
 from dedupsink.engine.classify import PORTS
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.history import to_table
+from dedupsink.store.records import StoreSettings
 
 TIME_SCHEMA = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
 T0 = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
 WINDOWS = 6
-SETTINGS = {"mode": "tupleTime", "expiry_type": "timestamp[us, tz=UTC]"}
+SETTINGS = StoreSettings(
+    "tupleTime", ("id",), ("int64",), "t", "timestamp[us, tz=UTC]", "int", 3.6e9, None, 16
+)
 
 
 def time_window(batch: int) -> pa.Table:

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from faultfs import FAULTS, count_steps, fault_url
+from manifests import recorded_without
 from reference import ReferenceDedup
 from streams import later_resends
 
@@ -67,6 +68,8 @@ from dedupsink.store.records import (
     Move,
     Owner,
     Publication,
+    StoreSettings,
+    StoreTotals,
     WindowCounts,
     WindowRecord,
 )
@@ -167,7 +170,7 @@ def test_open_creates_version_zero_with_the_settings(root: str) -> None:
     manifest = store.open(plan.settings)
     assert manifest.version == 0
     assert store.versions() == [0]
-    assert manifest.settings == plan.settings.identity()
+    assert manifest.settings.to_wire() == plan.settings.identity()
     assert store.read() == manifest
 
 
@@ -235,8 +238,9 @@ def test_a_store_recorded_before_assume_same_expiry_existed_reads_as_true(root: 
     manifest = plan.store.open(plan.settings)
     old = Manifest.from_bytes(manifest.to_bytes(), "m")
     old.version = 1
-    del old.settings["assume_same_expiry"]
-    plan.store.commit(old)
+    plan.store.storage.create(
+        plan.store.manifest_path(1), recorded_without(old, "assume_same_expiry")
+    )
     assert plan.store.open(plan.settings).version == 1
     other = make_plan(root, **ORDERED_HASHABLE, assumeSameExpiry="false")
     with pytest.raises(StoreSettingsError, match="expected true, the value"):
@@ -301,7 +305,7 @@ def rich_manifest(version: int, settings: Settings) -> Manifest:
     return Manifest(
         version=version,
         store_id="s" * 32,
-        settings=settings.identity(),
+        settings=StoreSettings.of(settings),
         committed_ms=1_700_000_000_000,
         latest=42.0,
         categories=["a", "b"],
@@ -321,7 +325,7 @@ def rich_manifest(version: int, settings: Settings) -> Manifest:
             (LogEntry("unique", 2, ("b",), 2),),
         ),
         last_window=WindowRecord(version, QUERY, 7, counts(unique=1)),
-        totals={"remembered": 2},
+        totals=StoreTotals(remembered=2),
     )
 
 
@@ -410,7 +414,7 @@ def test_windows_commit_versions_and_reopen_with_their_keys(root: str) -> None:
     manifest = store.read()
     assert manifest is not None
     assert (manifest.version, manifest.latest, manifest.queries) == (2, 4, {QUERY: 1})
-    assert manifest.totals["remembered"] == 3
+    assert manifest.totals.remembered == 3
     assert sum(len(k) for k in all_keys(store, manifest, plan.settings).values()) == 3
     assert store.versions() == [0, 1, 2]
 
@@ -607,7 +611,7 @@ def test_expired_window_files_are_dropped_then_deleted_after_the_grace(root: str
     assert old not in dropped.files
     assert all(s.file != old for segments in dropped.buckets.values() for s in segments)
     assert (old, 2) in dropped.tombstones
-    assert dropped.totals["remembered"] == 1
+    assert dropped.totals.remembered == 1
     # Deleted by the first collection (every GARBAGE_EVERY versions) after its grace.
     for batch_id in range(2, GARBAGE_EVERY):
         assert old in data_files(store), f"deleted early, at version {batch_id}"
@@ -778,7 +782,7 @@ def test_a_commit_replaces_folded_segments_and_drops_the_files_left_without_buck
     manifest = Manifest(
         version=3,
         store_id="s",
-        settings={},
+        settings=StoreSettings("basic", ("id",), ("int64",), None, None, "int", None, None, 3),
         committed_ms=0,
         files={
             "shared": WindowFile("shared", 1, 0, 3, 38, [0, 1, 2]),

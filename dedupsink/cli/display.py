@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from dedupsink.store.history import point_text as history_point_text
+from dedupsink.store.records import StoreSettings
 from dedupsink.units import utc_text
 
 __all__ = ["human_bytes", "point_text", "table", "utc_text"]
@@ -20,12 +20,12 @@ def human_bytes(count: int) -> str:
     return f"{count} B"
 
 
-def point_text(value: float | None, settings: Mapping[str, Any], categories: Sequence[str]) -> str:
+def point_text(value: float | None, settings: StoreSettings, categories: Sequence[str]) -> str:
     """A latest or expiry point in the domain of the expiry key (timestamps made readable), as
     the history writes it, but for a category, shown with its ordinal."""
     if value is None:
         return "none yet"
-    if settings.get("mode") == "categorical" and value >= 0:
+    if settings.mode == "categorical" and value >= 0:
         ordinal = int(value)
         name = categories[ordinal] if ordinal < len(categories) else "?"
         return f"{ordinal} ({name!r})"

@@ -20,9 +20,10 @@ from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.sequence import highest_per_producer
-from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of, human_span
+from dedupsink.engine.settings import TIME_BUCKET_MODES, human_span
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
+    ASSUME_SAME_EXPIRY_DEFAULT,
     OUTPUT_FORMAT_DEFAULT,
     STORE_DIRNAME_DEFAULT,
     DedupOptions,
@@ -34,9 +35,9 @@ from dedupsink.ports.output import Output
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
-from dedupsink.store.records import Owner
+from dedupsink.store.records import Owner, StoreSettings
 from dedupsink.store.storage import Storage, join
-from dedupsink.store.store import LOG_DIR, BucketStore, find_store, recorded_settings
+from dedupsink.store.store import LOG_DIR, BucketStore, find_store
 
 __all__ = ["Location", "locate", "render", "report", "to_json"]
 
@@ -61,11 +62,11 @@ class Location:
         the embedded one is not known here)."""
         if self.output_url is None:
             return None
-        recorded = {} if manifest is None else manifest.settings
+        recorded = OUTPUT_FORMAT_DEFAULT if manifest is None else manifest.settings.output_format
         options = DedupOptions(
             path=self.output_url,
             store_path=self.store_url,
-            output_format=recorded.get("output_format", OUTPUT_FORMAT_DEFAULT),
+            output_format=recorded,
             storage_options=self.storage_options,
         )
         return port_format(options)
@@ -109,26 +110,26 @@ def report(location: Location) -> dict[str, Any]:
         return result
     ports = location.ports(manifest)
     result.update(_store_part(manifest, ports))
-    if manifest.settings.get("mode") == "sequence":
+    if manifest.settings.mode == "sequence":
         result["producers"] = _producers_part(store, manifest)
     result["ports"] = _ports_part(manifest, ports)
     return result
 
 
 def _store_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
-    settings = recorded_settings(manifest.settings)
-    if settings.get("mode") not in TIME_BUCKET_MODES:  # recorded, but it applies to none of them
-        settings["assume_same_expiry"] = None
+    settings = manifest.settings
+    shown = settings.to_wire()
+    if settings.mode not in TIME_BUCKET_MODES:  # recorded, but it applies to none of them
+        shown["assume_same_expiry"] = None
     latest = manifest.latest
-    period = settings.get("period")
-    expiry = expiry_point_of(latest, period, settings.get("expiry_type"))
+    expiry = settings.expiry_point(latest)
     categories = list(manifest.categories)
     return {
         "store_id": manifest.store_id,
         "format": manifest.format,
         "committed": utc_text(manifest.committed_ms // 1000 * 1_000_000),
-        "settings": settings,
-        "windows": int(manifest.totals.get("windows", 0)),
+        "settings": shown,
+        "windows": manifest.totals.windows,
         "last_window": _last_window_part(manifest),
         "latest": {"value": latest, "text": point_text(latest, settings, categories)},
         "expiry_point": {"value": expiry, "text": point_text(expiry, settings, categories)},
@@ -143,7 +144,7 @@ def _store_part(manifest: Manifest, ports: PortFormat | None) -> dict[str, Any]:
             {"query": f.query, "run": f.run, "by": f.by, "version": f.version}
             for f in manifest.fenced
         ],
-        "totals": dict(manifest.totals),
+        "totals": manifest.totals.to_wire(),
         "publication_pending": manifest.publication is not None
         and ports is not None
         and not ports.is_published(manifest.publication, manifest.store_id),
@@ -171,7 +172,7 @@ def _last_window_part(manifest: Manifest) -> dict[str, Any] | None:
     if last is None:
         return None
     return {
-        "window": int(manifest.totals.get("windows", 0)),
+        "window": manifest.totals.windows,
         "version": last.window,
         **{name: value for name, value in last.to_wire().items() if name != "window"},
     }
@@ -221,7 +222,7 @@ def render(data: dict[str, Any]) -> str:
     if data.get("version") is None:
         lines.append("            empty: no window committed yet")
         return "\n".join(lines)
-    settings = data["settings"]
+    settings = _reported_settings(data["settings"])
     lines += [
         f"            id {data['store_id']}, format {data['format']}, "
         f"version {data['version']} committed {data['committed']}",
@@ -233,7 +234,7 @@ def render(data: dict[str, Any]) -> str:
     if "producers" in data:
         lines.append(f"producers   {_producers_text(data['producers'])}")
         remembered = f"{data['producers']['count']} producers"
-    elif settings.get("mode") != "basic":
+    elif settings.mode != "basic":
         lines.append(f"latest      {data['latest']['text']}")
         lines.append(f"expiry      {data['expiry_point']['text']}  (rows at or before it expire)")
     lines += [
@@ -257,33 +258,42 @@ def _producers_text(producers: dict[str, Any]) -> str:
     )
 
 
-def settings_text(settings: dict[str, Any]) -> str:
+def _reported_settings(shown: dict[str, Any]) -> StoreSettings:
+    """The store's settings back from the report, which shows ``assume_same_expiry`` as None
+    in the modes it does not apply to."""
+    same = shown["assume_same_expiry"]
+    if same is None:
+        same = ASSUME_SAME_EXPIRY_DEFAULT
+    return StoreSettings.from_wire({**shown, "assume_same_expiry": same})
+
+
+def settings_text(settings: StoreSettings) -> str:
     text = _mode_text(settings)
-    output_format = recorded_settings(settings)["output_format"]
+    output_format = settings.output_format
     return text if output_format == OUTPUT_FORMAT_DEFAULT else f"{text}, ports as {output_format}"
 
 
-def _mode_text(settings: dict[str, Any]) -> str:
-    mode = settings.get("mode")
-    keys = ", ".join(settings.get("keys") or [])
+def _mode_text(settings: StoreSettings) -> str:
+    mode = settings.mode
+    keys = ", ".join(settings.keys)
     if mode == "basic":
-        return f"Basic Dedup on keys {keys}, {settings.get('bucket_count')} hash buckets"
+        return f"Basic Dedup on keys {keys}, {settings.bucket_count} hash buckets"
     if mode == "sequence":
         return (
-            f"sequence dedup of producers {keys} by sequenceKey {settings.get('sequence_key')} "
-            f"({settings.get('sequence_type')}), {settings.get('bucket_count')} hash buckets"
+            f"sequence dedup of producers {keys} by sequenceKey {settings.sequence_key} "
+            f"({settings.sequence_type}), {settings.bucket_count} hash buckets"
         )
     text = f"{mode} on keys {keys}"
-    if settings.get("expiry_key"):
-        text += f", expiryKey {settings['expiry_key']} ({settings.get('expiry_type')})"
-    text += f", expiryPeriod {human_span(settings.get('period'), settings)}"
-    if settings.get("span") is not None:
-        text += f", bucketSpan {human_span(settings['span'], settings)}"
+    if settings.expiry_key:
+        text += f", expiryKey {settings.expiry_key} ({settings.expiry_type})"
+    text += f", expiryPeriod {human_span(settings.period, mode)}"
+    if settings.span is not None:
+        text += f", bucketSpan {human_span(settings.span, mode)}"
     if mode not in TIME_BUCKET_MODES:
-        return text + f", {settings.get('bucket_count')} buckets"
-    same = recorded_settings(settings)["assume_same_expiry"]
+        return text + f", {settings.bucket_count} buckets"
+    same = settings.assume_same_expiry
     kind = "" if same else "hash "  # with false, keys are bucketed as in Basic Dedup
-    text += f", {settings.get('bucket_count')} {kind}buckets"
+    text += f", {settings.bucket_count} {kind}buckets"
     return text + f", {ASSUME_SAME_EXPIRY} {bool_text(same)}"
 
 

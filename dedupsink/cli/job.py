@@ -242,7 +242,7 @@ def checked_manifest(config: JobConfig, job: PreparedJob) -> Manifest | None:
         return None
     if manifest is not None and job.settings is not None:
         try:
-            check_settings(manifest.settings, job.settings.identity(), job.store.url)
+            check_settings(manifest.settings, job.settings, job.store.url)
         except DedupOptionError as exc:
             raise _as_config_error(config, exc) from exc
     return manifest

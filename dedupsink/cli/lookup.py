@@ -30,7 +30,6 @@ from dedupsink.engine.settings import Settings, column
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest, Segment
 from dedupsink.store.history import read_history
-from dedupsink.store.store import recorded_settings
 
 __all__ = ["LookupResult", "lookup", "parse_pairs", "render", "to_json"]
 
@@ -90,8 +89,8 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     manifest = store.read()
     if manifest is None:
         raise ConfigError("PATH", f"store {store.url} has no committed version yet")
-    recorded = recorded_settings(manifest.settings)
-    settings = _settings(recorded)
+    recorded = manifest.settings
+    settings = recorded.engine_settings()
     values, sequence_id = _sequence_id(settings, values)
     row = _key_table(settings, values)
     keys = [column(row, name) for name in settings.keys]  # as WindowClassifier.classify
@@ -193,14 +192,6 @@ def _verdict(sequence_id: int | None, highest: int | None) -> dict[str, Any]:
 def store_manager(location: Location, manifest: Manifest, settings: Settings) -> BucketManager:
     """A manager of its own (no process cache shared with a sink), for reading segments."""
     return BucketManager(location.store(), BucketCache(1), stamp_dtype(settings)).use(manifest)
-
-
-def _settings(recorded: dict[str, Any]) -> Settings:
-    fields: dict[str, Any] = {name: recorded.get(name) for name in Settings.__dataclass_fields__}
-    fields["keys"] = tuple(recorded.get("keys") or ())
-    fields["key_types"] = tuple(recorded.get("key_types") or ())
-    fields["max_expiry_jump"] = None
-    return Settings(**fields)
 
 
 def _arrow_type(name: str, recorded: str) -> pa.DataType:

@@ -32,6 +32,7 @@ from dedupsink.cli.sparkhome import compiled_spark_home, installed_spark_home
 from dedupsink.errors import DedupError, DedupOptionError
 from dedupsink.options import parse_storage_options
 from dedupsink.store.ownership import describe_owner, now_ms, release
+from dedupsink.store.records import StoreSettings
 from dedupsink.store.storage import parent
 
 log = logging.getLogger("dedupsink.cli")
@@ -175,7 +176,7 @@ def describe(job: PreparedJob) -> list[str]:
         schema = ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in job.schema)
         lines.append(f"  schema      {schema}")
     if job.settings is not None:
-        lines.append(f"  dedup       {settings_text(job.settings.identity())}")
+        lines.append(f"  dedup       {settings_text(StoreSettings.of(job.settings))}")
     store = (
         "new"
         if job.manifest is None

@@ -24,7 +24,7 @@ from dedupsink.cli.display import human_bytes
 from dedupsink.cli.history import history_table
 from dedupsink.cli.inspect import Location
 from dedupsink.engine.classify import PORTS
-from dedupsink.store.store import recorded_settings
+from dedupsink.store.records import StoreSettings
 from dedupsink.units import number_text, utc_text
 
 __all__ = ["COLOURS", "MAX_COLUMNS", "Column", "ReportFile", "columns_of", "page", "write_report"]
@@ -115,7 +115,7 @@ def write_report(
     to the local file ``output``."""
     rows = history_table(location, last)
     manifest = location.store().read()
-    settings = recorded_settings({} if manifest is None else manifest.settings)
+    settings = None if manifest is None else manifest.settings
     columns = columns_of(rows)
     text = page(rows, columns, location.store_url, settings, now)
     data = text.encode("utf-8")
@@ -189,7 +189,7 @@ def page(
     rows: pa.Table,
     columns: Sequence[Column],
     store_url: str,
-    settings: Mapping[str, Any],
+    settings: StoreSettings | None,
     now: datetime | None = None,
 ) -> str:
     """The whole HTML page of a history (``columns`` from ``columns_of(rows)``)."""
@@ -203,7 +203,8 @@ def page(
             "again.</p>",
         ]
     else:
-        body = [*_heading(rows, store_url), *_summary(rows, columns), *_charts(columns, settings)]
+        mode = None if settings is None else settings.mode
+        body = [*_heading(rows, store_url), *_summary(rows, columns), *_charts(columns, mode)]
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -281,7 +282,7 @@ def _summary(rows: pa.Table, columns: Sequence[Column]) -> list[str]:
     return out
 
 
-def _charts(columns: Sequence[Column], settings: Mapping[str, Any]) -> list[str]:
+def _charts(columns: Sequence[Column], mode: str | None) -> list[str]:
     count_axis = Axis(_count_ticks, _count_text)
     stacked = _stacked_bars(columns)
     shares = _line_chart(
@@ -315,7 +316,7 @@ def _charts(columns: Sequence[Column], settings: Mapping[str, Any]) -> list[str]
         "<h2>The store's size: bytes of its live window files</h2>",
         size,
         "<h2>Latest and expiry points</h2>",
-        _points_chart(columns, settings),
+        _points_chart(columns, mode),
     ]
 
 
@@ -386,9 +387,8 @@ def _time_tick_text(ticks: Sequence[float]) -> Callable[[float], str]:
     return text
 
 
-def _point_axis(columns: Sequence[Column], settings: Mapping[str, Any]) -> Axis:
+def _point_axis(columns: Sequence[Column], mode: str | None) -> Axis:
     """Times in the time modes, category names in categorical mode, numbers in ordered mode."""
-    mode = settings.get("mode")
     if mode in ("systemTime", "tupleTime"):
         present = [v for c in columns for v in (c.latest_point, c.expiry_point) if v is not None]
         ticks = _time_ticks(min(present), max(present))
@@ -572,19 +572,19 @@ def _series(
     yield "</g>"
 
 
-def _points_chart(columns: Sequence[Column], settings: Mapping[str, Any]) -> str:
+def _points_chart(columns: Sequence[Column], mode: str | None) -> str:
     """The latest and expiry points, on the expiry key's own scale; a sentence instead where
     the store keeps none (Basic Dedup, or no window has set one yet)."""
     latest = [c.latest_point for c in columns]
     expiry = [c.expiry_point for c in columns]
     if all(v is None for v in latest + expiry):
-        return _no_points(columns, settings)
+        return _no_points(columns, mode)
     # The tooltips show each point as the history writes it (a UTC time, a category name).
     texts = {
         "latest_point": [c.latest_text for c in columns],
         "expiry_point": [c.expiry_text for c in columns],
     }
-    axis = _point_axis(columns, settings)
+    axis = _point_axis(columns, mode)
     return _line_chart(
         "points",
         columns,
@@ -595,8 +595,8 @@ def _points_chart(columns: Sequence[Column], settings: Mapping[str, Any]) -> str
     )
 
 
-def _no_points(columns: Sequence[Column], settings: Mapping[str, Any]) -> str:
-    if settings.get("mode") == "basic":
+def _no_points(columns: Sequence[Column], mode: str | None) -> str:
+    if mode == "basic":
         why = "No latest or expiry point: this store has no expiry (Basic Dedup), nothing expires."
     else:
         why = "No latest or expiry point yet: no window has carried a value of the expiry key."

@@ -31,7 +31,7 @@ from dedupsink.cli.display import human_bytes, point_text, table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
 from dedupsink.engine.classify import PORTS
-from dedupsink.engine.settings import TIME_BUCKET_MODES, expiry_point_of, human_span
+from dedupsink.engine.settings import TIME_BUCKET_MODES, human_span
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.masking import mask_values, storage_secrets
 from dedupsink.options import DedupOptions, bool_text, default_store_path
@@ -39,7 +39,7 @@ from dedupsink.ports.formats import port_format
 from dedupsink.sink.worker import COMMIT_LOG_ENV
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, release
-from dedupsink.store.records import WindowRecord
+from dedupsink.store.records import WindowCounts, WindowRecord
 from dedupsink.store.storage import Storage
 from dedupsink.store.storage import parent as storage_parent
 from dedupsink.store.store import BucketStore
@@ -249,10 +249,10 @@ class WindowWatcher:
         self.windows.append(window)
         ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
         state = f"{window.new_keys} new keys, {window.dropped_keys} forgotten"
-        if manifest.settings.get("mode") == "sequence":
+        if manifest.settings.mode == "sequence":
             state = f"{window.new_keys} new producers"
         print(
-            f"batch {window.batch:>3} (window {manifest.totals.get('windows', '?')}): "
+            f"batch {window.batch:>3} (window {manifest.totals.windows}): "
             f"{window.counts.total:>5} rows  {ports}  | {state}",
             file=self.out,
             flush=True,
@@ -267,17 +267,17 @@ def jump_warning(manifest: Manifest, before: float | None) -> str | None:
     (``tupleTime``, ``ordered``): every key remembered before it is forgotten and older rows
     expire, which one far-future row does; None for an ordinary window."""
     settings = manifest.settings
-    period, after = settings.get("period"), manifest.latest
-    if settings.get("mode") not in TIME_BUCKET_MODES or period is None:
+    period, after = settings.period, manifest.latest
+    if settings.mode not in TIME_BUCKET_MODES or period is None:
         return None
     if before is None or after is None or after - before <= period:
         return None
-    expiry = expiry_point_of(after, period, settings.get("expiry_type"))
+    expiry = settings.expiry_point(after)
     categories = manifest.categories
     return (
-        f"window {manifest.totals.get('windows', '?')} moved the latest point from "
+        f"window {manifest.totals.windows} moved the latest point from "
         f"{point_text(before, settings, categories)} to {point_text(after, settings, categories)}, "
-        f"more than expiryPeriod ({human_span(period, settings)}): rows at or before "
+        f"more than expiryPeriod ({human_span(period, settings.mode)}): rows at or before "
         f"{point_text(expiry, settings, categories)} now go to expired/ and the keys remembered "
         "until then are forgotten; if one far-ahead row did it, set maxExpiryJump to make such "
         "rows errors"
@@ -352,11 +352,11 @@ def release_lease(store: BucketStore, query_id: str) -> bool:
 def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
     store = job.store
     manifest = store.read()
-    totals = manifest.totals if manifest else {}
+    totals = manifest.totals.counts if manifest else WindowCounts()
     this_run = {port: sum(w.counts[port] for w in outcome.windows) for port in PORTS}
     ports = port_format(job.options)
-    rows = [[port, this_run[port], totals.get(port, 0), ports.address(port)] for port in PORTS]
-    rows.append(["total", sum(this_run.values()), sum(totals.get(p, 0) for p in PORTS), ""])
+    rows = [[port, this_run[port], totals[port], ports.address(port)] for port in PORTS]
+    rows.append(["total", sum(this_run.values()), totals.total, ""])
     state = "interrupted" if outcome.interrupted else "finished"
     lines = [
         "",
@@ -414,16 +414,15 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
     if manifest is None:
         return [f"Store {store.url}: empty"]
     files, nbytes = store.disk_usage()
-    kept = "producers" if manifest.settings.get("mode") == "sequence" else "remembered keys"
+    kept = "producers" if manifest.settings.mode == "sequence" else "remembered keys"
     lines = [
         f"Store {store.url}: {manifest.remembered_keys} {kept}; on disk "
         f"{files} window files, {human_bytes(nbytes)}"
     ]
     settings = manifest.settings
-    period = settings.get("period")
-    if settings.get("mode") != "basic" and manifest.latest is not None and period is not None:
+    if settings.mode != "basic" and manifest.latest is not None and settings.period is not None:
         latest = point_text(manifest.latest, settings, manifest.categories)
-        point = expiry_point_of(manifest.latest, period, settings.get("expiry_type"))
+        point = settings.expiry_point(manifest.latest)
         expiry = point_text(point, settings, manifest.categories)
         lines.append(f"Latest point {latest}; expiry point {expiry}")
     return lines

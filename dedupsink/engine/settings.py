@@ -12,7 +12,6 @@ type, the mode it implies, the units of its domain); the rest are checked on par
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -47,12 +46,6 @@ Rows: TypeAlias = pa.RecordBatch | pa.Table
 
 ERROR_COLUMN = "_dedup_error"
 TIME_BUCKET_MODES = ("tupleTime", "ordered")
-
-
-def expiry_point_of(
-    latest: float | None, period: float | None, expiry_type: str | None
-) -> float | None:
-    return ExpiryPolicy("tupleTime", period, expiry_type).expiry_point(latest)
 
 
 @dataclass(frozen=True)
@@ -123,12 +116,12 @@ class Settings:
         return record
 
 
-def human_span(value: float | None, settings: Mapping[str, Any]) -> str:
-    """A period or bucket span in the expiry key's domain of recorded ``settings`` (an
-    ``identity()``), for people: a duration in the time modes, else a number."""
+def human_span(value: float | None, mode: str) -> str:
+    """A period or bucket span in the expiry key's domain of ``mode``, for people: a duration
+    in the time modes, else a number."""
     if value is None:
         return "-"
-    if settings.get("mode") in DURATION_MODES:
+    if mode in DURATION_MODES:
         return human_duration(value)
     return number_text(value)
 

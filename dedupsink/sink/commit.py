@@ -247,7 +247,7 @@ def _report(
     settings = plan.settings
     return CommitReport(
         version=committed.version,
-        windows=int(committed.totals.get("windows", 0)),
+        windows=committed.totals.windows,
         batch_id=batch_id,
         query_id=writer.query,
         counts=last.counts if last else WindowCounts(),

@@ -125,7 +125,7 @@ def prepare_store_and_ports(plan: SinkPlan, once: bool = False) -> None:
     store.storage.check_reachable(STORE_PATH)
     existing = store.read()
     if existing is not None:
-        check_settings(existing.settings, plan.settings.identity(), store.url)
+        check_settings(existing.settings, plan.settings, store.url)
     ports.check_tables(plan.schema)
     if (existing is None or not existing.ports) and ports.has_windows():
         # A store that never published next to ports that hold windows (storePath changed,

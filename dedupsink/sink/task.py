@@ -108,7 +108,7 @@ def run_task(
     if manifest.queries.get(identity.query_id, -1) >= identity.batch_id:
         summary.skipped = True  # a re-run of a committed batch: its outputs already exist
         return summary
-    check_settings(manifest.settings, plan.settings.identity(), store.url)
+    check_settings(manifest.settings, plan.settings, store.url)
     check_not_fenced(manifest, plan.writer(identity.query_id, identity.run), store.url)
     manager = manager_for(
         store,

@@ -557,7 +557,7 @@ class BucketManager:
         if (
             stamps is not None
             and window_file.max_stamp is not None
-            and self.manifest.settings.get("mode") == "systemTime"
+            and self.manifest.settings.mode == "systemTime"
         ):
             # A placeholder stamp means the time of the window that stored the key: the file's.
             stamps = np.where(stamps < 0, window_file.max_stamp, stamps)

@@ -26,11 +26,19 @@ import numpy as np
 
 from dedupsink.engine.expiry_policy import is_alive
 from dedupsink.errors import StoreCorruptError
-from dedupsink.store.records import Fence, Logged, Owner, Publication, WindowRecord
+from dedupsink.store.records import (
+    Fence,
+    Logged,
+    Owner,
+    Publication,
+    StoreSettings,
+    StoreTotals,
+    WindowRecord,
+)
 
 MANIFEST_MAGIC = b"DSM1"
 WINDOW_MAGIC = b"DSWIN001"
-# Format 2 types the protocol state (owner runs, fences, publication sizes); format 1 reads.
+# Format 2 types the protocol state (owner runs, fences, publication sizes); no other is read.
 FORMAT_VERSION = 2
 _HEADER = struct.Struct("<4sIQ")
 SegmentBytes = bytes | memoryview  # a segment as read: bytes, or a view into a read buffer
@@ -103,7 +111,7 @@ class PortState:
 
     @classmethod
     def from_wire(cls, value: dict[str, Any]) -> PortState:
-        wire = value.get("recent")
+        wire = value["recent"]
         recent = None if wire is None else [Logged.from_wire(item) for item in wire]
         return cls(int(value["next_log"]), int(value["files"]), int(value["rows"]), recent)
 
@@ -114,7 +122,7 @@ class Manifest:
 
     version: int
     store_id: str
-    settings: dict[str, Any]
+    settings: StoreSettings
     committed_ms: int
     latest: float | None = None
     categories: list[str] = field(default_factory=list)
@@ -127,12 +135,12 @@ class Manifest:
     ports: dict[str, PortState] = field(default_factory=dict)
     publication: Publication | None = None
     last_window: WindowRecord | None = None
-    totals: dict[str, int] = field(default_factory=dict)
+    totals: StoreTotals = field(default_factory=StoreTotals)
     format: int = FORMAT_VERSION
 
     @property
     def remembered_keys(self) -> int:
-        return self.totals.get("remembered", 0)
+        return self.totals.remembered
 
     def category_ordinals(self) -> dict[str, int]:
         return {name: index for index, name in enumerate(self.categories)}
@@ -141,12 +149,14 @@ class Manifest:
         # Built by hand: dataclasses.asdict deep-copies every nested value, which cost more
         # than packing once the index holds a day of segments.
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "files"}
+        record["settings"] = self.settings.to_wire()
         record["tombstones"] = [list(t) for t in self.tombstones]
         record["ports"] = {port: state.to_wire() for port, state in self.ports.items()}
         record["owner"] = None if self.owner is None else self.owner.to_wire()
         record["fenced"] = [fence.to_wire() for fence in self.fenced]
         record["publication"] = None if self.publication is None else self.publication.to_wire()
         record["last_window"] = None if self.last_window is None else self.last_window.to_wire()
+        record["totals"] = self.totals.to_wire()
         record["format"] = FORMAT_VERSION
         payload = _packed_with_files(record, self.files)
         return _HEADER.pack(MANIFEST_MAGIC, zlib.crc32(payload), len(payload)) + payload
@@ -171,10 +181,12 @@ class Manifest:
 
     @classmethod
     def _from_record(cls, record: dict[str, Any]) -> Manifest:
-        if record.get("format", 1) > FORMAT_VERSION:
+        if record["format"] != FORMAT_VERSION:
+            age = "newer" if record["format"] > FORMAT_VERSION else "older"
             raise ValueError(
-                f"format {record['format']} is newer than this dedupsink reads ({FORMAT_VERSION})"
+                f"format {record['format']} is {age} than this dedupsink reads ({FORMAT_VERSION})"
             )
+        record["settings"] = StoreSettings.from_wire(record["settings"])
         record["files"] = {name: WindowFile(**info) for name, info in record["files"].items()}
         record["buckets"] = {
             int(bucket): [Segment._make(entry) for entry in segments]
@@ -184,13 +196,11 @@ class Manifest:
         record["ports"] = {
             port: PortState.from_wire(state) for port, state in record["ports"].items()
         }
-        record["owner"] = Owner.from_wire(record.get("owner"))
-        record["fenced"] = [Fence.from_wire(fence) for fence in record.get("fenced", [])]
-        # Format 1 called the publication plan "publish".
-        plan = record.pop("publish", None) if "publication" not in record else record["publication"]
-        record["publication"] = Publication.from_wire(plan, int(record["committed_ms"]))
-        record["last_window"] = WindowRecord.from_wire(record.get("last_window"))
-        record["format"] = FORMAT_VERSION
+        record["owner"] = Owner.from_wire(record["owner"])
+        record["fenced"] = [Fence.from_wire(fence) for fence in record["fenced"]]
+        record["publication"] = Publication.from_wire(record["publication"])
+        record["last_window"] = WindowRecord.from_wire(record["last_window"])
+        record["totals"] = StoreTotals.from_wire(record["totals"])
         return cls(**record)
 
 

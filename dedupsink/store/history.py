@@ -20,12 +20,12 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 
-from dedupsink.engine.settings import expiry_point_of
 from dedupsink.errors import DedupOptionError, StoreCorruptError
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest
+from dedupsink.store.records import StoreSettings
 from dedupsink.store.storage import Storage
-from dedupsink.store.store import BucketStore, find_store, recorded_settings
+from dedupsink.store.store import BucketStore, find_store
 from dedupsink.units import MICROS_PER_DAY, number_text, utc_text
 
 __all__ = [
@@ -96,9 +96,9 @@ def row_of(manifest: Manifest) -> Row | None:
     last = manifest.last_window
     if last is None or last.window != manifest.version:
         return None
-    settings = recorded_settings(manifest.settings)
+    settings = manifest.settings
     latest = manifest.latest
-    expiry = expiry_point_of(latest, settings.get("period"), settings.get("expiry_type"))
+    expiry = settings.expiry_point(latest)
     return {
         "version": manifest.version,
         "query_id": last.query,
@@ -120,14 +120,19 @@ def row_of(manifest: Manifest) -> Row | None:
 
 
 def point_text(
-    value: float | None, settings: Mapping[str, Any], categories: Sequence[str]
+    value: float | None, settings: StoreSettings | Mapping[str, Any], categories: Sequence[str]
 ) -> str | None:
     """A latest or expiry point as the expiry key's values read (as ``dedupsink inspect``
-    shows it); None where there is none (Basic Dedup, an empty store)."""
+    shows it); None where there is none (Basic Dedup, an empty store). ``settings`` may also
+    be a map of them as recorded (a tool's read of a manifest), of which ``mode`` and
+    ``expiry_type`` are used."""
     if value is None:
         return None
-    mode = settings.get("mode")
-    expiry_type = str(settings.get("expiry_type") or "")
+    mode: str | None
+    if isinstance(settings, StoreSettings):
+        mode, expiry_type = settings.mode, str(settings.expiry_type or "")
+    else:
+        mode, expiry_type = settings.get("mode"), str(settings.get("expiry_type") or "")
     if mode in ("systemTime", "tupleTime"):
         if expiry_type.startswith("date") and value % MICROS_PER_DAY == 0:
             return utc_text(value, zone=False)[:10]

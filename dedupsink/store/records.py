@@ -1,4 +1,5 @@
-"""The commit protocol's state as small typed records, stored inside each manifest.
+"""The store's recorded settings and the commit protocol's state as small typed records,
+stored inside each manifest.
 
 Each record is frozen and converts to and from the plain msgpack values the manifest holds
 (``to_wire`` / ``from_wire``), so tools can still read a manifest without this package. The
@@ -8,10 +9,62 @@ publication).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dedupsink.engine.classify import PORTS
+from dedupsink.engine.expiry_policy import ExpiryPolicy, Mode
+from dedupsink.engine.settings import Settings, StampKind
+from dedupsink.options import ASSUME_SAME_EXPIRY_DEFAULT, OUTPUT_FORMAT_DEFAULT
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """The settings a store was created with (``Settings`` but ``maxExpiryJump``, which may
+    change): a query whose options resolve to others is refused (``store.check_settings``)."""
+
+    mode: Mode
+    keys: tuple[str, ...]
+    key_types: tuple[str, ...]
+    expiry_key: str | None
+    expiry_type: str | None
+    stamp_kind: StampKind
+    # Periods and spans in the expiry key's units, int or float as resolved (and kept so).
+    period: float | None
+    span: float | None
+    bucket_count: int
+    assume_same_expiry: bool = ASSUME_SAME_EXPIRY_DEFAULT
+    output_format: str = OUTPUT_FORMAT_DEFAULT
+    sequence_key: str | None = None
+    sequence_type: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings) -> StoreSettings:
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+    def engine_settings(self) -> Settings:
+        """The settings the engine classifies with (no ``maxExpiryJump``: nothing to check)."""
+        return Settings(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    @property
+    def expiry(self) -> ExpiryPolicy:
+        return ExpiryPolicy(self.mode, self.period, self.expiry_type)
+
+    def expiry_point(self, latest: float | None) -> float | None:
+        return self.expiry.expiry_point(latest)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = {f.name: getattr(self, f.name) for f in fields(self)}
+        wire["keys"], wire["key_types"] = list(self.keys), list(self.key_types)
+        return wire
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> StoreSettings:
+        recorded = {f.name: value[f.name] for f in fields(cls) if f.name != "assume_same_expiry"}
+        recorded["keys"], recorded["key_types"] = tuple(value["keys"]), tuple(value["key_types"])
+        # A store created before the setting existed behaves as its default did then.
+        same = value.get("assume_same_expiry", ASSUME_SAME_EXPIRY_DEFAULT)
+        return cls(**recorded, assume_same_expiry=same)
 
 
 @dataclass(frozen=True)
@@ -38,8 +91,6 @@ class Owner:
     def from_wire(cls, value: Any) -> Owner | None:
         if value is None:
             return None
-        if isinstance(value, dict):  # format 1: a lease renewed by commits, no runs
-            return cls(value["query"], "", int(value["heartbeat_ms"]), int(value["timeout_ms"]), 0)
         query, run, heartbeat_ms, timeout_ms, since = value
         return cls(query, run, int(heartbeat_ms), int(timeout_ms), int(since))
 
@@ -90,9 +141,7 @@ class Move:
 
     @classmethod
     def from_wire(cls, value: Any) -> Move:
-        staged, target, *rest = value
-        size = rest[0] if rest else None
-        rows = rest[1] if len(rest) > 1 else None
+        staged, target, size, rows = value
         return cls(staged, target, size, rows)
 
 
@@ -134,12 +183,14 @@ class LogEntry:
 
     @classmethod
     def from_wire(cls, port: str, value: Any) -> LogEntry:
-        log_id, files, *rest = value
-        logged_before = int(rest[0]) if rest and rest[0] is not None else None
-        earlier = None
-        if len(rest) > 1 and rest[1] is not None:
-            earlier = tuple(Logged.from_wire(f) for f in rest[1])
-        return cls(port, int(log_id), tuple(files), logged_before, earlier)
+        log_id, files, logged_before, earlier = value
+        return cls(
+            port,
+            int(log_id),
+            tuple(files),
+            None if logged_before is None else int(logged_before),
+            None if earlier is None else tuple(Logged.from_wire(f) for f in earlier),
+        )
 
 
 @dataclass(frozen=True)
@@ -180,15 +231,13 @@ class Publication:
         }
 
     @classmethod
-    def from_wire(cls, value: Any, committed_ms: int) -> Publication | None:
+    def from_wire(cls, value: Any) -> Publication | None:
         if value is None:
             return None
-        # Format 1 named the staging folder by its token.
-        folder = value.get("folder") or f"_staging/{value['token']}"
         return cls(
             int(value["window"]),
-            folder,
-            int(value.get("modified_ms", committed_ms)),
+            value["folder"],
+            int(value["modified_ms"]),
             tuple(Move.from_wire(move) for move in value["moves"]),
             tuple(LogEntry.from_wire(port, entry) for port, entry in value["logs"].items()),
         )
@@ -238,7 +287,7 @@ class WindowRecord:
 
     # The version that committed the window (what the history and ``lookup`` call a window);
     # the window's number in ``run``'s lines, the sink's log and ``inspect`` is the store's
-    # count of windows, ``Manifest.totals["windows"]``, of that version.
+    # count of windows, ``Manifest.totals.windows``, of that version.
     window: int
     query: str
     batch: int
@@ -268,9 +317,33 @@ class WindowRecord:
             int(value["window"]),
             value["query"],
             int(value["batch"]),
-            WindowCounts.from_dict(value.get("counts", {})),
-            int(value.get("new_keys", 0)),
-            int(value.get("cross_partition_duplicates", 0)),
-            int(value.get("dropped_keys", 0)),
-            float(value.get("task_seconds", 0.0)),
+            WindowCounts.from_dict(value["counts"]),
+            int(value["new_keys"]),
+            int(value["cross_partition_duplicates"]),
+            int(value["dropped_keys"]),
+            float(value["task_seconds"]),
         )
+
+
+@dataclass(frozen=True)
+class StoreTotals:
+    """What a store counted over all its windows: how many it committed, the keys (or
+    producers) it remembers now, and the rows each port was given."""
+
+    windows: int = 0
+    remembered: int = 0
+    counts: WindowCounts = field(default_factory=WindowCounts)
+
+    def after_window(self, counts: WindowCounts, remembered: int) -> StoreTotals:
+        return StoreTotals(self.windows + 1, remembered, self.counts + counts)
+
+    def to_wire(self) -> dict[str, int]:
+        if self == StoreTotals():
+            return {}  # a store records no totals before its first window
+        return {"remembered": self.remembered, "windows": self.windows, **self.counts.as_dict()}
+
+    @classmethod
+    def from_wire(cls, value: dict[str, int]) -> StoreTotals:
+        if not value:
+            return cls()
+        return cls(int(value["windows"]), int(value["remembered"]), WindowCounts.from_dict(value))

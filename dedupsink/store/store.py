@@ -21,10 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dedupsink.engine.settings import Settings, human_span
-from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreError, StoreSettingsError
+from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
-    ASSUME_SAME_EXPIRY_DEFAULT,
     BUCKET_SPAN,
     EXPIRY_KEY,
     EXPIRY_MODE,
@@ -32,7 +31,6 @@ from dedupsink.options import (
     KEYS,
     NUM_BUCKETS,
     OUTPUT_FORMAT,
-    OUTPUT_FORMAT_DEFAULT,
     SEQUENCE_KEY,
     STORE_PATH,
     bool_text,
@@ -43,6 +41,7 @@ from dedupsink.options import (
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest, Segment
 from dedupsink.store.ownership import now_ms
+from dedupsink.store.records import StoreSettings
 from dedupsink.store.storage import Entry, Storage
 
 LOG_DIR = "_log"
@@ -72,14 +71,6 @@ _SETTING_OPTIONS = {
     "span": BUCKET_SPAN,
     "bucket_count": NUM_BUCKETS,
     "output_format": OUTPUT_FORMAT,
-}
-# Settings recorded since a later release: a store written before has no such field, and
-# behaves as the default did then.
-_SETTING_DEFAULTS: dict[str, Any] = {
-    "assume_same_expiry": ASSUME_SAME_EXPIRY_DEFAULT,
-    "output_format": OUTPUT_FORMAT_DEFAULT,
-    "sequence_key": None,
-    "sequence_type": None,
 }
 _fetch_pool: ThreadPoolExecutor | None = None
 
@@ -285,14 +276,14 @@ class BucketStore:
         """The latest manifest, creating the store on first use; settings must match."""
         manifest = self.read()
         if manifest is None:
-            manifest = Manifest(0, uuid.uuid4().hex, settings.identity(), now_ms())
+            manifest = Manifest(0, uuid.uuid4().hex, StoreSettings.of(settings), now_ms())
             try:
                 self.commit(manifest)
             except StoreConflictError:
                 manifest = self.read()
                 if manifest is None:
                     raise
-        check_settings(manifest.settings, settings.identity(), self.url)
+        check_settings(manifest.settings, settings, self.url)
         return manifest
 
     # -- writing ---------------------------------------------------------------------------
@@ -440,40 +431,32 @@ def window_file_name(window: int, partition: int) -> str:
     return f"w{window:010d}-p{partition:05d}-{uuid.uuid4().hex[:12]}.keys"
 
 
-def recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A store's recorded settings, with the defaults of fields added since it was created."""
-    return {**_SETTING_DEFAULTS, **recorded}
-
-
-def check_settings(recorded: dict[str, Any], wanted: dict[str, Any], url: str) -> None:
+def check_settings(recorded: StoreSettings, settings: Settings, url: str) -> None:
     """Refuse options that contradict the settings the store was created with."""
-    recorded = recorded_settings(recorded)
+    # Compared as recorded, field by field: the option of the first that differs is named,
+    # with the values as the store holds them (lists, not tuples).
+    old, new = recorded.to_wire(), StoreSettings.of(settings).to_wire()
     for name, option in _SETTING_OPTIONS.items():
-        if recorded.get(name) != wanted.get(name):
-            raise StoreSettingsError(
-                option, _setting_text(name, wanted), _changed(name, recorded, wanted, url)
-            )
-    if recorded.get("mode") is None:
-        raise StoreError(f"store {url} has no recorded settings")
+        if old[name] != new[name]:
+            changed = _changed(name, old, new, url)
+            raise StoreSettingsError(option, _setting_text(name, new), changed)
 
 
 def _changed(name: str, recorded: dict[str, Any], wanted: dict[str, Any], url: str) -> str:
     if name == "key_types":
         changed = [
             f"{key}: {old} -> {new}"
-            for key, old, new in zip(
-                wanted["keys"], recorded.get(name) or [], wanted[name], strict=False
-            )
+            for key, old, new in zip(wanted["keys"], recorded[name], wanted[name], strict=False)
             if old != new
         ]
         return (
             f"the column types the store at {url} was created with (changed: {', '.join(changed)})"
         )
     if name == "expiry_type":
-        column = wanted.get("expiry_key")
+        column = wanted["expiry_key"]
         return (
             f"the column type the store at {url} was created with "
-            f"(changed: {column}: {recorded.get(name)} -> {wanted.get(name)})"
+            f"(changed: {column}: {recorded[name]} -> {wanted[name]})"
         )
     text = f"{_setting_text(name, recorded)}, the value the store at {url} was created with"
     if name == "assume_same_expiry":
@@ -484,9 +467,9 @@ def _changed(name: str, recorded: dict[str, Any], wanted: dict[str, Any], url: s
 def _setting_text(name: str, settings: dict[str, Any]) -> object:
     """A recorded setting as the option's value is written: periods and spans in the expiry
     key's domain (``24 hours``, not microseconds), Basic Dedup as the absence of an expiry key."""
-    value = settings.get(name)
+    value = settings[name]
     if name in ("period", "span"):
-        return human_span(value, settings)
+        return human_span(value, settings["mode"])
     if name == "mode" and value == "basic":
         return "none (Basic Dedup: no expiryKey)"
     if name == "sequence_key" and value is None:

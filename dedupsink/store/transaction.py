@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from dedupsink.engine.classify import PORTS
 from dedupsink.engine.expiry_policy import ExpiryPolicy, is_expired
 from dedupsink.errors import StoreConflictError
 from dedupsink.store.compaction import WrittenWindowFile
@@ -285,12 +284,8 @@ class RecordWindow:
 
     def apply(self, next_version: NextVersion) -> None:
         manifest = next_version.manifest
-        totals = manifest.totals
-        segments = [s for bucket in manifest.buckets.values() for s in bucket]
-        totals["remembered"] = sum(s.count for s in segments)
-        totals["windows"] = totals.get("windows", 0) + 1
-        for port in PORTS:
-            totals[port] = totals.get(port, 0) + self.counts[port]
+        remembered = sum(s.count for bucket in manifest.buckets.values() for s in bucket)
+        manifest.totals = manifest.totals.after_window(self.counts, remembered)
         manifest.last_window = WindowRecord(
             window=manifest.version,
             query=self.query,
@@ -364,7 +359,7 @@ def _copy_as_next(base: Manifest, now_ms: int) -> Manifest:
             port: replace(state, recent=None if state.recent is None else list(state.recent))
             for port, state in base.ports.items()
         },
-        totals=dict(base.totals),
+        totals=base.totals,
         publication=None,
         last_window=None,
     )
