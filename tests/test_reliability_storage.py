@@ -321,7 +321,7 @@ def test_damaged_window_file_stops_the_next_window_naming_the_file(
     manifest = store.read()
     assert manifest is not None
     # The newest window files hold the keys window 5 re-sends (1004, from window 4).
-    newest = [name for name, wf in manifest.files.items() if wf.window == manifest.version]
+    newest = [name for name, wf in manifest.files.items() if wf.version == manifest.version]
     assert newest
     for name in newest:
         damage(Path(store.data_path(name)), how)

@@ -173,7 +173,7 @@ def _last_window_part(manifest: Manifest) -> dict[str, Any] | None:
         return None
     return {
         "window": manifest.totals.windows,
-        "version": last.window,
+        "version": last.version,
         **{name: value for name, value in last.to_wire().items() if name != "window"},
     }
 

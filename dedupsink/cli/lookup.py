@@ -25,6 +25,7 @@ from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.inspect import Location
 from dedupsink.engine.classify import bucket_of, stamp_dtype
 from dedupsink.engine.expiry import expiry_values
+from dedupsink.engine.expiry_policy import is_alive, is_expired
 from dedupsink.engine.fingerprint import fingerprint
 from dedupsink.engine.settings import Settings, column
 from dedupsink.store.cache import BucketCache, BucketManager
@@ -130,7 +131,7 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     alive = [
         (file, stamp)
         for file, stamp in found
-        if stamp is None or expiry_point is None or stamp > expiry_point
+        if stamp is None or expiry_point is None or is_alive(stamp, expiry_point)
     ]
     if not alive:
         return LookupResult(
@@ -142,7 +143,7 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     kept = [stamp for _, stamp in alive if stamp is not None]
     stamp = max(kept) if kept else None
     base.update(_verdict(sequence_id, None if stamp is None else int(stamp)))
-    window = min(manifest.files[file].window for file, _ in alive)
+    window = min(manifest.files[file].version for file, _ in alive)
     result: dict[str, Any] = {"window": window, "stamp": stamp, "stamp_text": text(stamp)}
     result.update(_history_of(location, manifest, window))
     if settings.by_sequence:
@@ -341,7 +342,7 @@ def _why_not(
         return "never seen: no committed window has a unique row of this producer"
     if expiry_point is None:
         return "never seen: no committed window stored this key (nothing has expired yet)"
-    if known_stamp is not None and known_stamp <= expiry_point:
+    if known_stamp is not None and is_expired(known_stamp, expiry_point):
         return (
             f"expired or forgotten: its expiry value {text(known_stamp)} is at or below the "
             f"expiry point {text(expiry_point)}, so a row with it is expired and such keys are "
@@ -362,7 +363,7 @@ def _history_of(location: Location, manifest: Manifest, window: int) -> dict[str
         return {}
     row = matching[0]
     committed: dt.datetime = row["committed_at"]
-    held = sum(f.keys for f in manifest.files.values() if f.window == window)
+    held = sum(f.keys for f in manifest.files.values() if f.version == window)
     return {
         "query_id": row["query_id"],
         "batch_id": row["batch_id"],

@@ -238,7 +238,7 @@ class WindowWatcher:
 
     def _report(self, manifest: Manifest) -> None:
         window = manifest.last_window
-        if window is None or window.window != manifest.version:
+        if window is None or window.version != manifest.version:
             return
         ours = window.query == self.query_id or (
             self.batch and not self.query_id and window.query.startswith(BATCH_WRITE_PREFIX)

@@ -57,7 +57,7 @@ class OwnCommit:
 
     table_version: int
     store_id: str
-    window: int
+    version: int  # the store version it published
 
 
 class DeltaPorts(PortFormat):
@@ -172,7 +172,7 @@ class DeltaPorts(PortFormat):
 
     def _committed(self, table: Any, store_id: str, port: str, publication: Publication) -> bool:
         version = table.transaction_version(self.app_id(store_id, port))
-        return version is not None and version >= publication.window
+        return version is not None and version >= publication.version
 
     def _commit(
         self,
@@ -185,7 +185,7 @@ class DeltaPorts(PortFormat):
         uri = self.table_uri(port)
         own = _own_commits.get(uri)
         if own is not None and own.store_id == store_id:
-            if own.window >= publication.window:
+            if own.version >= publication.version:
                 return  # published by this process: windows are published in order
             if self._append(port, own.table_version + 1, files, publication, store_id):
                 return
@@ -203,19 +203,19 @@ class DeltaPorts(PortFormat):
                     actions, mode="append", schema=table.schema(), commit_properties=properties
                 )
                 # With no retry, the commit took the version after the one read.
-                own = OwnCommit(table.version() + 1, store_id, publication.window)
+                own = OwnCommit(table.version() + 1, store_id, publication.version)
                 _own_commits[uri] = own
                 return
             except deltalake.exceptions.CommitFailedError:
                 continue  # another commit took the table's next version: read it again
             except deltalake.exceptions.DeltaError as exc:
                 raise PortTableError(
-                    f"cannot commit window {publication.window} to the Delta table "
+                    f"cannot commit window {publication.version} to the Delta table "
                     f"{self.table_uri(port)}: {exc}"
                 ) from exc
         raise PortTableError(
             f"the Delta table {self.table_uri(port)} kept changing under the commit of window "
-            f"{publication.window} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
+            f"{publication.version} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
         )
 
     def _append(
@@ -228,7 +228,7 @@ class DeltaPorts(PortFormat):
             self.output.storage.create(path, entry)
         except FileExistsError:
             return False
-        _own_commits[self.table_uri(port)] = OwnCommit(version, store_id, publication.window)
+        _own_commits[self.table_uri(port)] = OwnCommit(version, store_id, publication.version)
         if (version + 1) % CHECKPOINT_INTERVAL == 0:
             self._checkpoint(port)
         return True
@@ -276,10 +276,10 @@ def commit_entry(
                 "isBlindAppend": True,
                 "clientVersion": _CLIENT,
                 "dedupsink.store": store_id,
-                "dedupsink.version": str(publication.window),
+                "dedupsink.version": str(publication.version),
             }
         },
-        {"txn": {"appId": app_id, "version": publication.window, "lastUpdated": at}},
+        {"txn": {"appId": app_id, "version": publication.version, "lastUpdated": at}},
     ]
     for move in files:
         add = {
@@ -421,10 +421,10 @@ def _commit_properties(app_id: str, store_id: str, publication: Publication) -> 
     from deltalake.transaction import CommitProperties, Transaction
 
     return CommitProperties(
-        app_transactions=[Transaction(app_id, publication.window)],
+        app_transactions=[Transaction(app_id, publication.version)],
         custom_metadata={
             "dedupsink.store": store_id,
-            "dedupsink.version": str(publication.window),
+            "dedupsink.version": str(publication.version),
         },
         max_commit_retries=0,
     )

@@ -242,7 +242,7 @@ class IcebergPorts(PortFormat):
         for port in PORTS:
             if publication.files_of(port):
                 table = self._table(port)
-                if table is None or published_version(table, store_id) < publication.window:
+                if table is None or published_version(table, store_id) < publication.version:
                     return False
         return True
 
@@ -251,7 +251,7 @@ class IcebergPorts(PortFormat):
     ) -> None:
         exceptions = _pyiceberg().exceptions
         paths = [self._url(self.output.path(move.target)) for move in files]
-        summary = {STORE_PROPERTY: store_id, VERSION_PROPERTY: str(publication.window)}
+        summary = {STORE_PROPERTY: store_id, VERSION_PROPERTY: str(publication.version)}
         key = (tuple(sorted(self.catalog_properties().items())), self.identifier(port))
         for _ in range(_COMMIT_ROUNDS):
             table = _committed.pop(key, None)
@@ -259,7 +259,7 @@ class IcebergPorts(PortFormat):
                 table = self._table(port)
             if table is None:
                 raise PortTableError(f"the Iceberg table {self.table_name(port)} is gone")
-            if published_version(table, store_id) >= publication.window:
+            if published_version(table, store_id) >= publication.version:
                 return
             handle = _without_retries(table)
             try:
@@ -272,12 +272,12 @@ class IcebergPorts(PortFormat):
             _committed[key] = handle  # its metadata is now the commit's
             while len(_committed) > _COMMITTED_KEEP:
                 del _committed[next(iter(_committed))]
-            if publication.window % EXPIRE_EVERY == 0:
+            if publication.version % EXPIRE_EVERY == 0:
                 expire_snapshots(self._table(port), publication.modified_ms)
             return
         raise PortTableError(
             f"the Iceberg table {self.table_name(port)} kept changing under the commit of window "
-            f"{publication.window} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
+            f"{publication.version} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
         )
 
     # -- operating -------------------------------------------------------------------------------

@@ -253,7 +253,7 @@ def _report(
         counts=last.counts if last else WindowCounts(),
         cross_partition_duplicates=last.cross_partition_duplicates if last else 0,
         store_files=len(committed.files),
-        store_bytes=sum(wf.nbytes for wf in committed.files.values()),
+        store_bytes=sum(f.nbytes for f in committed.files.values()),
         remembered=committed.remembered_keys,
         cache_hit_rate=hits / (hits + misses) if hits + misses else None,
         assume_same_expiry=(

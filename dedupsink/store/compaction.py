@@ -89,9 +89,8 @@ def choose_folds(
     )
     by_time = context.settings.buckets_by_time
     if by_time:
-        hot = {
-            b for wf in manifest.files.values() if wf.window == manifest.version for b in wf.buckets
-        }
+        newest = [f for f in manifest.files.values() if f.version == manifest.version]
+        hot = {bucket for window_file in newest for bucket in window_file.buckets}
         hot.update(np.unique(new.buckets).tolist())  # a bucket keeps one segment per file
         crowded = [b for b in crowded if b not in hot]
     folds: list[Fold] = []
@@ -204,7 +203,7 @@ def write_window_file(
     store.write_window_file(name, layout.chunks)
     written.window_file = WindowFile(
         name=name,
-        window=version,
+        version=version,
         partition=partition,
         keys=layout.count,
         nbytes=layout.nbytes,

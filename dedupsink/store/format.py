@@ -70,14 +70,15 @@ segment_ident = itemgetter(0, 1)
 
 @dataclass(frozen=True)
 class WindowFile:
-    """A window file with its window, buckets, max expiry value and (systemTime) window time.
+    """A window file with the version that added it, its buckets, max expiry value and
+    (systemTime) window time.
 
     Frozen: a file stays listed by every version until it expires or is folded, and each
     version's manifest packs it again. It is packed once (``packed``); a changed file is a new
     one (``dataclasses.replace``)."""
 
     name: str
-    window: int
+    version: int
     partition: int
     keys: int
     nbytes: int

@@ -94,7 +94,7 @@ def row_of(manifest: Manifest) -> Row | None:
     """The history row of the window that committed ``manifest``; None for a version that is
     no window (the store's creation, a release)."""
     last = manifest.last_window
-    if last is None or last.window != manifest.version:
+    if last is None or last.version != manifest.version:
         return None
     settings = manifest.settings
     latest = manifest.latest

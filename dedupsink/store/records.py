@@ -202,7 +202,7 @@ class Publication:
     modification time included), so publishing twice, or by two processes at once, writes the
     same bytes or finds the same table commit made."""
 
-    window: int
+    version: int
     folder: str  # the window's staging folder, relative to the output root
     modified_ms: int
     moves: tuple[Move, ...]
@@ -223,7 +223,7 @@ class Publication:
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "window": self.window,
+            "window": self.version,
             "folder": self.folder,
             "modified_ms": self.modified_ms,
             "moves": [move.to_wire() for move in self.moves],
@@ -285,10 +285,10 @@ class WindowRecord:
     """What a version's window was: who committed it and what it did (for ``inspect`` and the
     ``dedupsink run`` progress lines)."""
 
-    # The version that committed the window (what the history and ``lookup`` call a window);
-    # the window's number in ``run``'s lines, the sink's log and ``inspect`` is the store's
-    # count of windows, ``Manifest.totals.windows``, of that version.
-    window: int
+    # The version the window's commit created (stored under the key "window"); the window's
+    # number in ``run``'s lines, the sink's log and ``inspect`` is the store's count of
+    # windows, ``Manifest.totals.windows``, of that version.
+    version: int
     query: str
     batch: int
     counts: WindowCounts = field(default_factory=WindowCounts)
@@ -299,7 +299,7 @@ class WindowRecord:
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "window": self.window,
+            "window": self.version,
             "query": self.query,
             "batch": self.batch,
             "counts": self.counts.as_dict(),

@@ -287,7 +287,7 @@ class RecordWindow:
         remembered = sum(s.count for bucket in manifest.buckets.values() for s in bucket)
         manifest.totals = manifest.totals.after_window(self.counts, remembered)
         manifest.last_window = WindowRecord(
-            window=manifest.version,
+            version=manifest.version,
             query=self.query,
             batch=self.batch,
             counts=self.counts,
