@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from dedupsink.cli.inspect import Location
 from dedupsink.engine.classify import bucket_of, stamp_dtype
 from dedupsink.engine.expiry import expiry_values
 from dedupsink.engine.expiry_policy import is_alive, is_expired
-from dedupsink.engine.fingerprint import fingerprint
+from dedupsink.engine.fingerprint import Fingerprints, fingerprint
 from dedupsink.engine.settings import Settings, column
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest, Segment
@@ -101,17 +101,7 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     expiry_point = settings.expiry_point(manifest.latest)
     known_stamp = _expiry_of(settings, row, expiry, manifest)
     manager = store_manager(location, manifest, settings)
-    if settings.buckets_by_time and known_stamp is None:
-        bucket = None  # every bucket, one at a time: at most one bucket's keys in memory
-        found = [
-            hit
-            for _, segments in sorted(manifest.buckets.items())
-            for hit in _find(manager, list(segments), h1, h2)
-        ]
-    else:
-        stamps = None if known_stamp is None else np.array([known_stamp])
-        bucket = int(bucket_of(settings, fps, stamps)[0])
-        found = _find(manager, list(manifest.buckets.get(bucket, [])), h1, h2)
+    bucket, found = _entries_of(manager, manifest, settings, fps, known_stamp)
 
     def text(value: float | None) -> str | None:
         return None if value is None else point_text(value, recorded, categories)
@@ -146,19 +136,49 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     window = min(manifest.files[file].version for file, _ in alive)
     result: dict[str, Any] = {"window": window, "stamp": stamp, "stamp_text": text(stamp)}
     result.update(_history_of(location, manifest, window))
+    result.update(_forgotten_when(settings, stamp, text))
+    return LookupResult(remembered=True, **base, **result)
+
+
+def _entries_of(
+    manager: BucketManager,
+    manifest: Manifest,
+    settings: Settings,
+    fps: Fingerprints,
+    known_stamp: float | None,
+) -> tuple[int | None, list[tuple[str, float | None]]]:
+    """The key's bucket (None: every bucket was searched) and its entries there (file, stamp)."""
+    h1, h2 = int(fps.h1[0]), int(fps.h2[0])
+    if settings.buckets_by_time and known_stamp is None:
+        # Every bucket, one at a time: at most one bucket's keys in memory.
+        found = [
+            hit
+            for _, segments in sorted(manifest.buckets.items())
+            for hit in _find(manager, list(segments), h1, h2)
+        ]
+        return None, found
+    stamps = None if known_stamp is None else np.array([known_stamp])
+    bucket = int(bucket_of(settings, fps, stamps)[0])
+    return bucket, _find(manager, list(manifest.buckets.get(bucket, [])), h1, h2)
+
+
+def _forgotten_when(
+    settings: Settings, stamp: float | None, text: Callable[[float | None], str | None]
+) -> dict[str, Any]:
+    """When a remembered key will be forgotten, as the expiry rule says."""
     if settings.by_sequence:
-        result["forgotten_when"] = "never: sequence dedup keeps each producer's highest id for good"
-    elif stamp is None or settings.period is None:
-        result["forgotten_when"] = "never: Basic Dedup remembers every key for good"
-    else:
-        forget = stamp + settings.period
-        result["forgotten_at_latest"] = forget
-        result["forgotten_at_latest_text"] = text(forget)
-        result["forgotten_when"] = (
+        return {"forgotten_when": "never: sequence dedup keeps each producer's highest id for good"}
+    if stamp is None or settings.period is None:
+        return {"forgotten_when": "never: Basic Dedup remembers every key for good"}
+    forget = stamp + settings.period
+    return {
+        "forgotten_at_latest": forget,
+        "forgotten_at_latest_text": text(forget),
+        "forgotten_when": (
             f"once the latest point reaches {text(forget)} (its stamp plus the expiry period): "
             f"the expiry point then reaches its stamp {text(stamp)}"
-        )
-    return LookupResult(remembered=True, **base, **result)
+        ),
+    }
 
 
 def _sequence_id(

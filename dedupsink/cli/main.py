@@ -52,12 +52,27 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="tracebacks on errors, Spark warnings"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_job_commands(commands)
+    _add_store_commands(commands)
+    commands.add_parser(
+        "spark-home",
+        help="print a Spark home whose Python archives carry bytecode (built once), for "
+        "SPARK_HOME: Spark's Python processes then start about a second sooner each",
+    )
+    return parser
+
+
+def _add_job_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = commands.add_parser("run", help="run a job config until its trigger ends (or Ctrl-C)")
     run.add_argument("job", metavar="JOB.conf", help="job config file")
     _add_set(run)
     validate = commands.add_parser("validate", help="check a job config without running it")
     validate.add_argument("job", metavar="JOB.conf", help="job config file")
     _add_set(validate)
+
+
+def _add_store_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that read or mend a store, without Spark."""
     inspect = _store_command(commands, "inspect", "show a store and its ports (no Spark)")
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
     history = _store_command(
@@ -94,12 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
         "rewrite damaged or lost Spark sink-log entries of the ports from the store",
     )
     repair.add_argument("--dry-run", action="store_true", help="report, change nothing")
-    commands.add_parser(
-        "spark-home",
-        help="print a Spark home whose Python archives carry bytecode (built once), for "
-        "SPARK_HOME: Spark's Python processes then start about a second sooner each",
-    )
-    return parser
 
 
 def _store_command(

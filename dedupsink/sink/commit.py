@@ -121,18 +121,27 @@ def commit_window(
         finish_publication(ports, latest)
         return _discard_rerun(store, output, done, latest, writer, batch_id)
     publish(ports, committed)
-    staged = _unpublished(staged_files(settling, moves) + [f.path for f in schema_files], committed)
+    staged = staged_files(settling, moves) + [f.path for f in schema_files]
+    _after_publication(plan, committed, done, staged, writer)
+    report = _report(plan, committed, done, writer, batch_id)
+    log.info(report.line())
+    return report
+
+
+def _after_publication(
+    plan: SinkPlan, committed: Manifest, done: list[TaskSummary], staged: list[str], writer: Writer
+) -> None:
+    """Steps 6 and 7: the window's staging discarded, its history row, the garbage."""
+    store, output = plan.store, plan.output
+    unpublished = _unpublished(staged, committed)
     if committed.version % GARBAGE_EVERY:
-        output.discard_staging(done[0].folder, staged)
+        output.discard_staging(done[0].folder, unpublished)
     else:  # the garbage collection sweeps the staging folders, but not the tables' folders
-        output.discard_outside(done[0].folder, staged)
+        output.discard_outside(done[0].folder, unpublished)
     record_window(store, committed)
     if plan.settings.by_sequence:
         store.discard_window_files(_folded_at_once(done, committed))
     _collect_garbage(store, output, committed, writer.run)
-    report = _report(plan, committed, done, writer, batch_id)
-    log.info(report.line())
-    return report
 
 
 def _base_version(
