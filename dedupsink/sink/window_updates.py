@@ -130,27 +130,13 @@ def files_written_by_commit(
     settling: list[SettlingTask],
     moves: list[Moved],
 ) -> list[WrittenWindowFile]:
-    """The window files the commit writes itself: keys settlement moved, sequence dedup's fold."""
-    written = _apply_moves(plan, store, base, done, settling, moves)
-    if plan.settings.by_sequence:
-        written += _fold_producers(plan, store, base, done)
-    return written
-
-
-def _apply_moves(
-    plan: SinkPlan,
-    store: BucketStore,
-    base: Manifest,
-    done: list[TaskSummary],
-    settling: list[SettlingTask],
-    moves: list[Moved],
-) -> list[WrittenWindowFile]:
-    """Settlement moved rows between a task's ports: its files and counts follow. A task whose
-    rows went to duplicate has its window file written again without their keys (the old file
-    is left to the garbage collection, as a failed attempt's); keys promoted back to unique,
-    which their task left out of its own, get a window file of theirs, returned."""
+    """The window files the commit writes itself, as settlement's moves make its tasks' files
+    and counts follow: a task whose rows went to duplicate has its window file written again
+    without their keys (the old file is left to the garbage collection, as a failed
+    attempt's); keys promoted back to unique, which their task left out of its own, get a
+    window file of theirs; sequence dedup's fold."""
     summary_of = {id(task): s for task, s in zip(settling, done, strict=True)}
-    promoted = []
+    written = []
     for move in moves:
         summary = summary_of[id(move.task)]
         summary.files = move.task.files
@@ -161,8 +147,10 @@ def _apply_moves(
             # Only partition 0 folds, and it keeps every key it found new: never demoted.
             summary.written = _window_file(plan, store, base, summary, move.still_kept)
         if move.keys is not None and len(move.keys):
-            promoted.append(_window_file(plan, store, base, summary, move.keys))
-    return promoted
+            written.append(_window_file(plan, store, base, summary, move.keys))
+    if plan.settings.by_sequence:
+        written += _fold_producers(plan, store, base, done)
+    return written
 
 
 def _fold_producers(
