@@ -786,16 +786,21 @@ def run_child(
     script: str, name: str, options: list[str], runs: Path, keep: bool = False
 ) -> dict[str, Any]:
     """Run ``script`` in a fresh Python process with ``options`` and ``--work``, a folder of
-    its own under ``runs`` (removed after, unless ``keep``), and return the record it prints;
-    a child that fails or prints none stops the benchmark with its output."""
+    its own under ``runs`` that is also its working directory (removed after, unless
+    ``keep``), and return the record it prints; a child that fails or prints none stops the
+    benchmark with its output."""
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     runs.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=runs))
-    command = [sys.executable, script, *options, "--work", str(work)]
+    command = [sys.executable, str(Path(script).resolve()), *options, "--work", str(work)]
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        # In its own folder: Spark starts its Python workers in the driver's working directory,
+        # and from a checkout they would import the checkout's dedupsink, not the installed one.
+        done = subprocess.run(
+            command, env=env, cwd=work, capture_output=True, text=True, check=False
+        )
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

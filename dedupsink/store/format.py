@@ -92,7 +92,17 @@ class WindowFile:
         lists about 250 files, and packing their entries again was a third of each commit's
         encoding."""
         entry = {f.name: getattr(self, f.name) for f in fields(self)}
+        entry = {_WIRE_NAMES.get(name, name): value for name, value in entry.items()}
         return msgpack.packb(entry, use_bin_type=True)
+
+    @classmethod
+    def from_wire(cls, entry: dict[str, Any]) -> WindowFile:
+        return cls(**{_FIELD_NAMES.get(name, name): value for name, value in entry.items()})
+
+
+# The manifest's format names a file's version "window", as it was first written.
+_WIRE_NAMES = {"version": "window"}
+_FIELD_NAMES = {wire: name for name, wire in _WIRE_NAMES.items()}
 
 
 @dataclass
@@ -188,7 +198,9 @@ class Manifest:
                 f"format {record['format']} is {age} than this dedupsink reads ({FORMAT_VERSION})"
             )
         record["settings"] = StoreSettings.from_wire(record["settings"])
-        record["files"] = {name: WindowFile(**info) for name, info in record["files"].items()}
+        record["files"] = {
+            name: WindowFile.from_wire(info) for name, info in record["files"].items()
+        }
         record["buckets"] = {
             int(bucket): [Segment._make(entry) for entry in segments]
             for bucket, segments in record["buckets"].items()
