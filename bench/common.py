@@ -631,7 +631,7 @@ def machine_facts() -> dict[str, str]:
         facts["java"] = java.stderr.splitlines()[0] if java.stderr else "?"
     except OSError:
         facts["java"] = "not found"
-    facts["dedupsink"] = code_revision()
+    facts["dedupsink"] = code_revision() + _where_installed()
     facts["pyspark archive bytecode"] = pyspark_archive_bytecode()
     for module in ("pyspark", "pyarrow", "numpy"):
         try:
@@ -639,6 +639,17 @@ def machine_facts() -> dict[str, str]:
         except ImportError:
             facts[module] = "not installed"
     return facts
+
+
+def _where_installed() -> str:
+    """Where the benchmark's processes import dedupsink from, if not this checkout (a venv the
+    package was installed into, maybe at another revision than the checkout's)."""
+    import dedupsink
+
+    package = Path(dedupsink.__file__).resolve().parent
+    if package.is_relative_to(BENCH_DIR.parent):
+        return ""
+    return f" (checkout), imported from {package}"
 
 
 def _git(repo: Path, *args: str) -> str:
