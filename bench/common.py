@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -261,6 +263,16 @@ def expected_own_time_ports(
     return {"unique": unique, "duplicate": duplicate, "expired": int(expired.sum()), "error": 0}
 
 
+def cached_input(root: Path, field: str, value: object) -> tuple[Path, dict[str, Any]] | None:
+    """A generated input under ``root`` and its truth, if complete (``truth.json`` is written
+    last) and made for ``value`` of ``field``; None if it must be generated."""
+    truth_path = root / "truth.json"
+    if not truth_path.exists():
+        return None
+    truth = json.loads(truth_path.read_text())
+    return (root / "input", truth) if truth.get(field) == value else None
+
+
 def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, dict[str, Any]]:
     """The compare input directory (cached under ``bench/.data``) and its truth.
 
@@ -269,10 +281,9 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
     """
     root = DATA_DIR / spec.key
     truth_path = root / "truth.json"
-    if truth_path.exists():
-        truth = json.loads(truth_path.read_text())
-        if truth.get("window_files") == window_files:
-            return root / "input", truth
+    cached = cached_input(root, "window_files", window_files)
+    if cached is not None:
+        return cached
     started = time.perf_counter()
     rng = np.random.default_rng(spec.seed)
     source, kind, counts = plan_rows(spec, rng)
@@ -821,3 +832,18 @@ def run_child(
             f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
         )
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def run_main(
+    parser: argparse.ArgumentParser,
+    child_option: str,
+    child: Callable[[argparse.Namespace], None],
+    orchestrate: Callable[[argparse.Namespace], None],
+) -> None:
+    """Parse a bench's arguments (with the hidden ``--input`` and ``--work`` its children
+    get from ``run_child``) and run one child measurement, if ``child_option`` is given, or
+    the whole comparison."""
+    parser.add_argument("--input", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    (child if getattr(args, child_option) else orchestrate)(args)

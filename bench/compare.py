@@ -111,6 +111,7 @@ from common import (
     python_count,
     python_floor_source,
     run_child,
+    run_main,
 )
 
 VARIANTS = (
@@ -659,13 +660,7 @@ def main() -> None:
     parser.add_argument("--flat", action="store_true", help="with --profile: a flat profile")
     parser.add_argument("--keep", action="store_true", help="keep each run's output directory")
     parser.add_argument("--variant", choices=VARIANTS + REFERENCE_VARIANTS, help=argparse.SUPPRESS)
-    parser.add_argument("--input", help=argparse.SUPPRESS)
-    parser.add_argument("--work", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.variant:
-        child(args)
-    else:
-        orchestrate(args)
+    run_main(parser, "variant", child, orchestrate)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ from common import (  # noqa: E402
     print_machine,
     python_floor_source,
     run_child,
+    run_main,
 )
 from compare import SINK_OPTIONS, compile_bytecode, progress_durations  # noqa: E402
 
@@ -556,13 +557,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write part 1's records to this file")
     parser.add_argument("--keep", action="store_true", help="keep each run's output directory")
     parser.add_argument("--format", choices=FORMATS, help=argparse.SUPPRESS)
-    parser.add_argument("--input", help=argparse.SUPPRESS)
-    parser.add_argument("--work", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.format:
-        child(args)
-    else:
-        orchestrate(args)
+    run_main(parser, "format", child, orchestrate)
 
 
 if __name__ == "__main__":

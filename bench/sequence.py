@@ -69,6 +69,7 @@ from common import (
     CompareSpec,
     LoadSampler,
     TreeSampler,
+    cached_input,
     code_revision,
     dir_bytes,
     local_session_builder,
@@ -77,6 +78,7 @@ from common import (
     print_machine,
     random_text,
     run_child,
+    run_main,
     write_parquet_files,
 )
 from compare import compile_bytecode
@@ -202,10 +204,9 @@ def generate_input(spec: SequenceSpec, window_files: int) -> tuple[Path, dict[st
     truth_path = root / "truth.json"
     rows_per_file = -(-spec.rows // spec.files)
     window_rows = rows_per_file * window_files
-    if truth_path.exists():
-        truth = json.loads(truth_path.read_text())
-        if truth.get("window_rows") == window_rows:
-            return root / "input", truth
+    cached = cached_input(root, "window_rows", window_rows)
+    if cached is not None:
+        return cached
     started = time.perf_counter()
     rng = np.random.default_rng(spec.seed)
     source, kind = plan_stream(spec, rng, window_rows)
@@ -520,13 +521,7 @@ def main() -> None:
         help=f"comma-separated, of {', '.join(VARIANTS)}",
     )
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
-    parser.add_argument("--input", help=argparse.SUPPRESS)
-    parser.add_argument("--work", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.variant:
-        child(args)
-    else:
-        orchestrate(args)
+    run_main(parser, "variant", child, orchestrate)
 
 
 if __name__ == "__main__":
