@@ -18,7 +18,13 @@ import pyarrow.compute as pc
 
 from dedupsink.errors import DedupError
 
-__all__ = ["Fingerprints", "UnsupportedKeyType", "fingerprint", "key_leaves"]
+__all__ = [
+    "FINALIZER_MULTIPLIERS",
+    "Fingerprints",
+    "UnsupportedKeyType",
+    "fingerprint",
+    "key_leaves",
+]
 
 _U64 = np.uint64
 _STAGED_WORD = np.dtype("<u8")
@@ -30,6 +36,8 @@ _K3 = _U64(0x52DCE729DA3ED5B1)
 _K4 = _U64(0x38495AB5A5E8F1C3)
 _F1 = _U64(0xFF51AFD7ED558CCD)
 _F2 = _U64(0xC4CEB9FE1A85EC53)
+# MurmurHash3's 64-bit finalizer multipliers, which sequence dedup spreads ids with too.
+FINALIZER_MULTIPLIERS = (_F1, _F2)
 # _TAIL_MASKS[k] keeps the low k bytes of a little-endian word.
 _TAIL_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], dtype=_U64)
 _LONG_KEY_BYTES = 128  # longer values are digested first (see _feed_long)

@@ -172,11 +172,7 @@ class KeySet:
         if not presorted:
             order = np.argsort(query_h1)
             query_h1, query_h2 = query_h1[order], query_h2[order]
-        # Searching all keys but the last puts a query above them all at the last key, where
-        # it is not found: the clamp a search of every key would need, without its pass.
-        at = np.searchsorted(self.h1[:-1], query_h1, side="left")
-        same_h1 = self.h1[at] == query_h1
-        hit = same_h1 & (self.h2[at] == query_h2)
+        at, same_h1, hit = self._locate(query_h1, query_h2)
         stamps, forget = self.stamps, forget_at_or_below
         if forget is not None and stamps is not None and self._may_hold_expired(forget):
             hit &= is_alive(stamps[at], forget)
@@ -194,9 +190,7 @@ class KeySet:
         found = np.full(len(fps), NO_SEQUENCE, dtype=np.int64)
         if len(self) == 0 or len(fps) == 0 or self.stamps is None:
             return found
-        at = np.searchsorted(self.h1[:-1], fps.h1, side="left")  # clamped, as in contains
-        same_h1 = self.h1[at] == fps.h1
-        hit = same_h1 & (self.h2[at] == fps.h2)
+        at, same_h1, hit = self._locate(fps.h1, fps.h2)
         found[hit] = self.stamps[at[hit]]
         if self.shared_h1:  # a 64-bit collision: look along its run
             for row in np.flatnonzero(same_h1 & ~hit):
@@ -205,6 +199,17 @@ class KeySet:
                 if len(match):
                     found[row] = self.stamps[run][match[0]]
         return found
+
+    def _locate(
+        self, query_h1: np.ndarray, query_h2: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For queries sorted by ``h1``: the position of each one's first key of equal or larger
+        ``h1``, whether that key has its ``h1``, and whether it is the query (both words)."""
+        # Searching all keys but the last puts a query above them all at the last key, where
+        # it is not found: the clamp a search of every key would need, without its pass.
+        at = np.searchsorted(self.h1[:-1], query_h1, side="left")
+        same_h1 = self.h1[at] == query_h1
+        return at, same_h1, same_h1 & (self.h2[at] == query_h2)
 
     @cached_property
     def lowest_stamp(self) -> float | None:

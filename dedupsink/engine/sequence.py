@@ -16,14 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dedupsink.engine.fingerprint import Fingerprints, fmix64
+from dedupsink.engine.fingerprint import FINALIZER_MULTIPLIERS, Fingerprints, fmix64
 
 # The stored highest id of a producer not seen yet: below every sequence id.
 NO_SEQUENCE = np.iinfo(np.int64).min
-# Multipliers that spread a sequence id over both words of a producer's fingerprint
-# (MurmurHash3's 64-bit constants): ids 1 and 2 of one producer share no bits of their keys.
-_SPREAD_1 = np.uint64(0xFF51AFD7ED558CCD)
-_SPREAD_2 = np.uint64(0xC4CEB9FE1A85EC53)
+# Multipliers that spread a sequence id over both words of a producer's fingerprint: ids 1
+# and 2 of one producer share no bits of their keys.
+_SPREAD_1, _SPREAD_2 = FINALIZER_MULTIPLIERS
 
 
 @dataclass(frozen=True)
