@@ -131,7 +131,8 @@ def run_task(
     written = summary.written
     if plan.settings.by_sequence:
         written.new_keys = 0  # a task cannot tell a new producer: the commit's fold counts them
-    manager.note_written(manifest.version + 1, new, written.segments, written.supersedes)
+    else:  # sequence dedup's commit folds the task's segments away: no version names them
+        manager.note_written(manifest.version + 1, new, written.segments, written.supersedes)
     summary.cache = manager.cache.info()
     summary.seconds = time.perf_counter() - started
     return summary

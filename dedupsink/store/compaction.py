@@ -275,7 +275,7 @@ def fold_producers(
         Fingerprints(
             np.concatenate([h1 for h1, _, _ in lanes]), np.concatenate([h2 for _, h2, _ in lanes])
         ),
-        np.concatenate([stamps for _, _, stamps in lanes if stamps is not None]),
+        np.concatenate([stamps for _, _, stamps in lanes]),
     )
     folded = NewKeys(producers.h1, producers.h2, bucket_of(settings, producers, None), highest)
     result = write_window_file(store, base, KeysContext(settings, None), folded, 0, [])

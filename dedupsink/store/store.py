@@ -34,10 +34,9 @@ from dedupsink.options import (
     SEQUENCE_KEY,
     STORE_PATH,
     bool_text,
+    default_store_path,
 )
-from dedupsink.options import (
-    STORE_DIRNAME_DEFAULT as STORE_DIRNAME,
-)
+from dedupsink.options import STORE_DIRNAME_DEFAULT as STORE_DIRNAME
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest, Segment
 from dedupsink.store.ownership import now_ms
@@ -374,7 +373,7 @@ def find_store(
     if BucketStore(url, storage_options, "PATH").latest_version() is not None:
         parent, _, name = url.rpartition("/")
         return url, parent if name == STORE_DIRNAME and parent else None
-    default = f"{url}/{STORE_DIRNAME}"
+    default = default_store_path(url)
     if BucketStore(default, storage_options, "PATH").latest_version() is not None:
         return default, url
     return None

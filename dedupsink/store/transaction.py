@@ -324,10 +324,7 @@ class Transaction:
     def next_version(self, store_url: str, now_ms: int) -> Manifest:
         for requirement in self.requirements:
             requirement.validate(self.base, store_url)
-        building = NextVersion(self.base, _copy_as_next(self.base, now_ms))
-        for update in self.updates:
-            update.apply(building)
-        return building.manifest
+        return _apply(NextVersion(self.base, _copy_as_next(self.base, now_ms)), self.updates)
 
     def commit(self, store: BucketStore, now_ms: int) -> Manifest:
         """Create the next version only if absent: the commit point (``StoreConflictError``
@@ -339,10 +336,13 @@ class Transaction:
 
 def apply_updates(manifest: Manifest, updates: Sequence[Update]) -> Manifest:
     """Apply ``updates`` to ``manifest`` in place, as to the next version of itself."""
-    building = NextVersion(manifest, manifest)
+    return _apply(NextVersion(manifest, manifest), updates)
+
+
+def _apply(next_version: NextVersion, updates: Sequence[Update]) -> Manifest:
     for update in updates:
-        update.apply(building)
-    return manifest
+        update.apply(next_version)
+    return next_version.manifest
 
 
 def _copy_as_next(base: Manifest, now_ms: int) -> Manifest:
