@@ -585,6 +585,31 @@ class WorkerPeaks:
                     continue
 
 
+@dataclass
+class TimedStream:
+    """A finished stream and its measures: wall time from ``start()`` to the return of
+    ``awaitTermination()``, the process tree's CPU over the same span, and the progress
+    reports of the micro-batches that had rows."""
+
+    query: Any
+    seconds: float
+    cpu_seconds: float
+    progress: list[dict[str, Any]]
+
+
+def time_stream(writer: Any, sampler: TreeSampler) -> TimedStream:
+    """Start ``writer``'s stream, wait for its end and measure it; ``sampler`` is stopped."""
+    sampler.sample()
+    cpu_before = sampler.cpu_seconds()
+    started = time.perf_counter()
+    query = writer.start()
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    sampler.stop()
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    return TimedStream(query, seconds, sampler.cpu_seconds() - cpu_before, progress)
+
+
 class LoadSampler:
     """Samples the 1-minute load average every few seconds (the machine is shared)."""
 

@@ -112,6 +112,7 @@ from common import (
     python_floor_source,
     run_child,
     run_main,
+    time_stream,
 )
 
 VARIANTS = (
@@ -187,15 +188,9 @@ def run_variant(
     else:
         writer = frame.writeStream.format("parquet").option("path", str(output))
     writer = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
-    sampler.sample()
-    cpu_before = sampler.cpu_seconds()
-    started = time.perf_counter()
-    query = writer.start()
-    query.awaitTermination()
-    seconds = time.perf_counter() - started
-    sampler.stop()
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    cpu_seconds = sampler.cpu_seconds() - cpu_before
+    timed = time_stream(writer, sampler)
+    query, seconds, progress = timed.query, timed.seconds, timed.progress
+    cpu_seconds = timed.cpu_seconds
     record: dict[str, Any] = {
         "variant": variant,
         "seconds": seconds,

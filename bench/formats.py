@@ -74,6 +74,7 @@ from common import (  # noqa: E402
     python_floor_source,
     run_child,
     run_main,
+    time_stream,
 )
 from compare import SINK_OPTIONS, compile_bytecode, progress_durations  # noqa: E402
 
@@ -119,18 +120,12 @@ def run_format(fmt: str, input_dir: Path, work: Path, driver_memory: str) -> dic
         .option("checkpointLocation", str(work / "checkpoint"))
         .trigger(availableNow=True)
     )
-    sampler.sample()
-    cpu_before = sampler.cpu_seconds()
-    started = time.perf_counter()
-    query = writer.start()
-    query.awaitTermination()
-    seconds = time.perf_counter() - started
-    sampler.stop()
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    timed = time_stream(writer, sampler)
+    query, seconds, progress = timed.query, timed.seconds, timed.progress
     record: dict[str, Any] = {
         "format": fmt,
         "seconds": seconds,
-        "cpu_seconds": sampler.cpu_seconds() - cpu_before,
+        "cpu_seconds": timed.cpu_seconds,
         "peak_tree_rss": sampler.peak_total,
         "batches": len(progress),
         "batch_rows": [int(p["numInputRows"]) for p in progress],

@@ -79,6 +79,7 @@ from common import (
     random_text,
     run_child,
     run_main,
+    time_stream,
     write_parquet_files,
 )
 from compare import compile_bytecode
@@ -266,20 +267,13 @@ def run_spark(variant: str, input_dir: Path, work: Path, files_per_trigger: int)
         .option("checkpointLocation", str(work / "checkpoint"))
         .trigger(availableNow=True)
     )
-    sampler.sample()
-    cpu_before = sampler.cpu_seconds()
-    started = time.perf_counter()
-    query = writer.start()
-    query.awaitTermination()
-    seconds = time.perf_counter() - started
-    sampler.stop()
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    add_batch = sum(p["durationMs"].get("addBatch", 0) for p in progress) / 1000
+    timed = time_stream(writer, sampler)
+    add_batch = sum(p["durationMs"].get("addBatch", 0) for p in timed.progress) / 1000
     spark.stop()
     return {
-        "seconds": seconds,
-        "cpu_seconds": sampler.cpu_seconds() - cpu_before,
-        "batches": len(progress),
+        "seconds": timed.seconds,
+        "cpu_seconds": timed.cpu_seconds,
+        "batches": len(timed.progress),
         "add_batch_seconds": add_batch,
     }
 
