@@ -38,6 +38,7 @@ from dedupsink.engine.classify import (
 )
 from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences
 from dedupsink.engine.keyset import KeyFilter, KeySet
+from dedupsink.engine.placement import bucket_of
 from dedupsink.engine.sequence import NO_SEQUENCE, sequence_ids, with_sequence
 from dedupsink.engine.settings import ERROR_COLUMN, Settings, resolve
 from dedupsink.options import DedupOptions
@@ -415,7 +416,9 @@ def test_keys_are_bucketed_by_hash_with_their_own_stamps() -> None:
     classifier.classify(one_batch(schema, id=[f"k{i}" for i in range(40)], n=list(range(40))))
     new = classifier.new_keys()
     assert new.stamps is not None and new.stamps.tolist() == list(range(40))
-    assert (new.buckets == (new.h1 % np.uint64(4)).astype(np.int64)).all()
+    # The shard is Spark's hash of the key, kept in the fingerprint's high word.
+    spark = (new.h1 >> np.uint64(32)).astype(np.uint32).view(np.int32).astype(np.int64)
+    assert (new.buckets == np.mod(spark, 4)).all()
 
 
 # -- fixed cases --------------------------------------------------------------------------
@@ -689,7 +692,12 @@ def test_new_keys_hold_each_key_once_with_its_bucket_and_stamp() -> None:
     new = classifier.new_keys()
     assert new.stamps is not None
     assert new.stamps.tolist() == [5, 9, 17]
-    assert new.buckets.tolist() == [1, 2, 0]  # floor(n / 4) mod 4
+    # floor(n / 4) mod 4, times the 16 key shards of a time bucket, plus the key's shard
+    assert (new.buckets // 16).tolist() == [1, 2, 0]
+    assert (
+        new.buckets.tolist()
+        == bucket_of(settings, Fingerprints(new.h1, new.h2), new.stamps).tolist()
+    )
     assert classifier.max_stamp == 17
 
 

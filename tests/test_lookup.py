@@ -18,8 +18,7 @@ import dedupsink
 from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.lookup import render
 from dedupsink.cli.main import main
-from dedupsink.engine.classify import bucket_of
-from dedupsink.engine.fingerprint import fingerprint
+from dedupsink.engine.placement import bucket_of, key_fingerprints
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.store import BucketStore
 
@@ -92,11 +91,11 @@ def test_basic_unknown_key_never_seen(basic_store: Path) -> None:
 
 def test_fingerprint_and_bucket_are_the_classifiers(basic_store: Path) -> None:
     found = dedupsink.lookup(str(basic_store), {"id": 3, "name": "n3"})
-    fps = fingerprint([pa.array([3], pa.int64()), pa.array(["n3"], pa.string())])
-    assert found.fingerprint == f"{int(fps.h1[0]):016x}{int(fps.h2[0]):016x}"
     manifest = BucketStore(str(basic_store / "_store")).read()
     assert manifest is not None
     settings = manifest.settings.engine_settings()
+    fps = key_fingerprints(settings, [pa.array([3], pa.int64()), pa.array(["n3"], pa.string())])
+    assert found.fingerprint == f"{int(fps.h1[0]):016x}{int(fps.h2[0]):016x}"
     assert found.bucket == int(bucket_of(settings, fps, None)[0])
 
 

@@ -42,7 +42,8 @@ from streams import (
 )
 
 import dedupsink
-from dedupsink.engine.fingerprint import fingerprint
+from dedupsink.engine.placement import key_fingerprints
+from dedupsink.engine.settings import Settings
 from dedupsink.errors import DedupOptionError, StoreSettingsError
 from dedupsink.sink.local import LocalSink, deal
 from dedupsink.store.format import Manifest, decode_segment
@@ -65,6 +66,11 @@ OPTIONS = {"keys": "host,pid", "sequenceKey": "seq"}
 PRODUCERS = [(f"h{i % 5}", i // 5 + 1) for i in range(10)]
 
 Row = dict[str, Any]
+
+# A store created now places keys by Spark's hash: fingerprints as the store keeps them.
+SPARK_PLACED = Settings(
+    "basic", ("id",), ("int64",), None, None, "int", None, None, 64, key_hash="spark"
+)
 
 
 # -- windows and the reference model -------------------------------------------------------------
@@ -210,11 +216,12 @@ def stored_ids(output: Path) -> dict[tuple[int, int], int]:
 def fingerprints_of(highest: Mapping[Any, int]) -> dict[tuple[int, int], int]:
     """The model's highest ids keyed as the store keys its producers."""
     producers = list(highest)
-    fps = fingerprint(
+    fps = key_fingerprints(
+        SPARK_PLACED,
         [
             pa.array([p[0] for p in producers], pa.string()),
             pa.array([p[1] for p in producers], pa.int64()),
-        ]
+        ],
     )
     return {
         (int(h1), int(h2)): highest[p] for p, h1, h2 in zip(producers, fps.h1, fps.h2, strict=True)

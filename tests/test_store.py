@@ -38,8 +38,8 @@ from reference import ReferenceDedup
 from streams import later_resends
 
 from dedupsink.engine.classify import PORTS, stamp_dtype
-from dedupsink.engine.fingerprint import fingerprint
 from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.placement import key_fingerprints, key_shards
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import StoreConflictError, StoreCorruptError, StoreSettingsError
 from dedupsink.options import DedupOptions
@@ -646,8 +646,9 @@ def stamps_after_compaction(tmp_path: Path, **raw: str) -> tuple[list[float], li
     store = plan.store
     compacted = False
     window_stamps: list[float] = []
+    ids = ids_of_one_shard(plan.settings, 12)  # one bucket, crowded
     for batch_id in range(12):
-        summaries = run_tasks(plan, batch_id, [[rows([batch_id], [100 + batch_id])]])
+        summaries = run_tasks(plan, batch_id, [[rows([ids[batch_id]], [100 + batch_id])]])
         compacted = compacted or bool(summaries[0].written and summaries[0].written.supersedes)
         assert commit_window(plan, summaries, batch_id) is not None
         latest = store.read()
@@ -663,9 +664,16 @@ def stamps_after_compaction(tmp_path: Path, **raw: str) -> tuple[list[float], li
     for more in buckets[1:]:
         keys = keys.merge(more)
     assert keys.stamps is not None
-    fps = fingerprint([pa.array(range(12), pa.int64())])
+    fps = key_fingerprints(plan.settings, [pa.array(ids, pa.int64())])
     held = [float(keys.stamps[np.flatnonzero(keys.h1 == h)[0]]) for h in fps.h1]
     return [float(s) for s in window_stamps], held
+
+
+def ids_of_one_shard(settings: Settings, count: int) -> list[int]:
+    """The first ``count`` ids that share a key shard with id 0 (so share its buckets)."""
+    candidates = pa.array(range(100 * count * settings.shard_count), pa.int64())
+    shards = key_shards(settings, key_fingerprints(settings, [candidates]))
+    return np.flatnonzero(shards == shards[0])[:count].tolist()
 
 
 def test_compaction_keeps_each_keys_expiry_value(tmp_path: Path) -> None:
@@ -880,7 +888,7 @@ def test_later_resends_over_partitions_compaction_and_a_restart_match_the_refere
     assert compactions and dropped, "no compaction or no expired file: the test proves little"
     point = reference.latest - 30  # type: ignore[operator]
     alive = {k: v for k, v in reference.remembered.items() if v is not None and v > point}
-    fps = fingerprint([pa.array(list(alive), pa.int64())])
+    fps = key_fingerprints(plan.settings, [pa.array(list(alive), pa.int64())])
     wanted = dict(
         zip(zip(fps.h1.tolist(), fps.h2.tolist(), strict=True), alive.values(), strict=True)
     )

@@ -23,10 +23,11 @@ import pyarrow.compute as pc
 from dedupsink.cli.display import point_text, utc_text
 from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.inspect import Location
-from dedupsink.engine.classify import bucket_of, stamp_dtype
+from dedupsink.engine.classify import stamp_dtype
 from dedupsink.engine.expiry import expiry_values
 from dedupsink.engine.expiry_policy import is_alive, is_expired
-from dedupsink.engine.fingerprint import Fingerprints, fingerprint
+from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.placement import bucket_of, key_fingerprints
 from dedupsink.engine.settings import Settings, column
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest, Segment
@@ -95,7 +96,7 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     values, sequence_id = _sequence_id(settings, values)
     row = _key_table(settings, values)
     keys = [column(row, name) for name in settings.keys]  # as WindowClassifier.classify
-    fps = fingerprint(keys)
+    fps = key_fingerprints(settings, keys)
     h1, h2 = int(fps.h1[0]), int(fps.h2[0])
     categories = list(manifest.categories)
     expiry_point = settings.expiry_point(manifest.latest)

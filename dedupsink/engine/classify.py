@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 
 from dedupsink.engine.expiry import ExpiryValues, expiry_values
 from dedupsink.engine.expiry_policy import is_expired
-from dedupsink.engine.fingerprint import Fingerprints, fingerprint, first_occurrences, key_leaves
+from dedupsink.engine.fingerprint import Fingerprints, first_occurrences, key_leaves
 from dedupsink.engine.keyset import KeySet
+from dedupsink.engine.placement import bucket_of, key_fingerprints
 from dedupsink.engine.sequence import (
     NO_SEQUENCE,
     SequenceIds,
@@ -96,15 +97,6 @@ class NewKeys:
     # Positions of the keys in ``h1`` order chunk by chunk: sorted runs, which a stable sort
     # merges in a fraction of the time a sort of the keys takes (None: not known).
     by_h1: np.ndarray | None = None
-
-
-def bucket_of(settings: Settings, fps: Fingerprints, stamps: np.ndarray | None) -> np.ndarray:
-    """Each key's bucket: by expiry value in time-bucket modes, by key hash otherwise."""
-    count = settings.bucket_count
-    if settings.buckets_by_time and stamps is not None and settings.span is not None:
-        keys = np.floor_divide(stamps, settings.span).astype(np.int64)
-        return np.mod(keys, count).astype(np.int64)
-    return (fps.h1 % np.uint64(count)).astype(np.int64)
 
 
 def stamp_dtype(settings: Settings) -> np.dtype | None:
@@ -213,7 +205,7 @@ class WindowClassifier:
     ) -> None:
         # Hashing every row and indexing the fingerprints is cheaper than taking the candidate
         # rows out of the key columns (a copy of every string); null slots hash harmlessly.
-        fps = fingerprint(keys)
+        fps = key_fingerprints(self.settings, keys)
         if len(candidates) < len(ports):
             fps = fps.take(candidates)
         stamps = None
@@ -242,7 +234,7 @@ class WindowClassifier:
         """A row is unique if its id is above its producer's highest committed id and no
         earlier row of the window has the same (producer, id); the window's copies of one
         (producer, id) are found as a key mode finds copies of a key."""
-        producers = fingerprint(keys)
+        producers = key_fingerprints(self.settings, keys)
         if len(candidates) < len(ports):
             producers = producers.take(candidates)
         sequence = ids.values[candidates]

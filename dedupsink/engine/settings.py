@@ -12,12 +12,13 @@ type, the mode it implies, the units of its domain); the rest are checked on par
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, TypeAlias
 
 import pyarrow as pa
 
 from dedupsink.engine.expiry_policy import ExpiryPolicy, Mode
+from dedupsink.engine.sparkhash import spark_hashable
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import (
     ASSUME_SAME_EXPIRY,
@@ -41,6 +42,11 @@ from dedupsink.options import (
 from dedupsink.units import Span, human_duration, number_text
 
 StampKind = Literal["int", "float"]
+KeyHash = Literal["spark", "fingerprint"]
+# A new store in a time-bucket mode splits each time bucket into this many key shards, so that
+# a task of a key-partitioned input loads its share of a time bucket (up to 16 partitions
+# divide it evenly); the hash-bucket modes' buckets are their shards.
+TIME_BUCKET_KEY_SHARDS = 16
 # Input rows as the engine takes them: one record batch, or a table of several (a task's chunk).
 Rows: TypeAlias = pa.RecordBatch | pa.Table
 
@@ -69,6 +75,13 @@ class Settings:
     # Sequence dedup only: the sequence column and its type (the keys are the producers).
     sequence_key: str | None = None
     sequence_type: str | None = None
+    # Where a key is placed, fixed when the store is created (docs/ARCHITECTURE.md, "State
+    # that scales out"): ``key_hash`` "spark" puts Spark's ``hash(keys)`` in the fingerprint's
+    # high word, so a key's shard follows Spark's hash partitioning; "fingerprint" (stores
+    # created before placement existed, or keys Spark's hash is not matched for) uses the
+    # fingerprint alone. ``key_shards``: the key shards a time bucket is split into.
+    key_hash: KeyHash = "fingerprint"
+    key_shards: int = 1
 
     @property
     def has_expiry(self) -> bool:
@@ -107,6 +120,20 @@ class Settings:
     def expiry_point(self, latest: float | None) -> float | None:
         """``E = L - expiryPeriod``: rows at or below it are expired, keys forgotten."""
         return self.expiry.expiry_point(latest)
+
+    @property
+    def shard_count(self) -> int:
+        """The key shards the keys are spread over: a task of partition p of N of an input
+        partitioned by ``dedupsink.partition_for_dedup`` holds the shards ``s`` with
+        ``s % N == p``."""
+        return self.key_shards if self.buckets_by_time else self.bucket_count
+
+    def laid_out_as(self, recorded: Settings | Any) -> Settings:
+        """These settings with the key placement of a store (its ``key_hash``, ``key_shards``):
+        a store keeps the placement it was created with, whatever the query's defaults."""
+        if (self.key_hash, self.key_shards) == (recorded.key_hash, recorded.key_shards):
+            return self
+        return replace(self, key_hash=recorded.key_hash, key_shards=recorded.key_shards)
 
     def identity(self) -> dict[str, Any]:
         record = asdict(self)
@@ -250,7 +277,20 @@ def _in_domain(option: str, span: Span, mode: Mode, inferred_from: str | None = 
 
 
 def resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
-    """Resolve options against the input schema; errors name the option and the value."""
+    """Resolve options against the input schema; errors name the option and the value. The
+    key placement is a new store's (an existing store's is adopted: ``laid_out_as``)."""
+    settings = _resolve(options, schema)
+    key_fields = [find_field(schema, name) for name in settings.keys]
+    found = [f.type for f in key_fields if f is not None]
+    hashable = len(found) == len(key_fields) and spark_hashable(found)
+    return replace(
+        settings,
+        key_hash="spark" if hashable else "fingerprint",
+        key_shards=TIME_BUCKET_KEY_SHARDS if settings.buckets_by_time else 1,
+    )
+
+
+def _resolve(options: DedupOptions, schema: pa.Schema) -> Settings:
     keys, key_types = _resolve_keys(options, schema)
     if options.sequence_key is not None:
         return _resolve_sequence(options, schema, keys, key_types, options.sequence_key)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dedupsink.engine.classify import stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
@@ -43,7 +43,7 @@ from dedupsink.sink.window_updates import (
 from dedupsink.store.format import Manifest
 from dedupsink.store.history import record_window
 from dedupsink.store.ownership import Writer, claim, describe_owner, now_ms
-from dedupsink.store.records import WindowCounts
+from dedupsink.store.records import StateUse, WindowCounts
 from dedupsink.store.store import GARBAGE_EVERY, BucketStore
 
 log = logging.getLogger("dedupsink")
@@ -74,6 +74,7 @@ class CommitReport:
     cache_hit_rate: float | None = None
     assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
     windows: int = 0  # windows the store has committed, this one included (as the CLI counts)
+    state: StateUse = field(default_factory=StateUse)
 
     def line(self) -> str:
         hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
@@ -84,7 +85,7 @@ class CommitReport:
             f"dedup window {self.windows} (batch {self.batch_id}, version {self.version}): "
             f"{self.counts.text()} | store "
             f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
-            f" | cache hits {hit}{setting}"
+            f" | {self.state.text()} | cache hits {hit}{setting}"
         )
 
 
@@ -98,6 +99,7 @@ def commit_window(
     store, output = plan.store, plan.output
     writer = plan.writer(identity.query_id, identity.run)
     base = _base_version(store, done, writer, batch_id)
+    plan = replace(plan, settings=plan.settings.laid_out_as(base.settings))
     ports = plan.ports
     ports.create_deferred_tables(plan.schema)
     finish_publication(ports, base)
@@ -265,6 +267,7 @@ def _report(
         store_bytes=sum(f.nbytes for f in committed.files.values()),
         remembered=committed.remembered_keys,
         cache_hit_rate=hits / (hits + misses) if hits + misses else None,
+        state=last.state if last else StateUse(),
         assume_same_expiry=(
             settings.assume_same_expiry if settings.mode in TIME_BUCKET_MODES else None
         ),

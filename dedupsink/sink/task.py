@@ -9,9 +9,11 @@ Nothing it writes is visible until that commit.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +41,7 @@ from dedupsink.store.compaction import (
 )
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import check_not_fenced
-from dedupsink.store.records import WindowCounts
+from dedupsink.store.records import StateUse, WindowCounts
 from dedupsink.store.store import check_settings
 
 # Spark hands Arrow batches of 10,000 rows; classifying fewer, larger batches pays the
@@ -64,6 +66,8 @@ class TaskSummary:
     max_stamp: float | None = None
     new_categories: list[str] = field(default_factory=list)
     cache: CacheInfo | None = None
+    state: StateUse = field(default_factory=StateUse)
+    process: str = ""  # host and pid of the task's process: the commit counts each once
     seconds: float = 0.0
     classify_seconds: float = 0.0
 
@@ -109,6 +113,7 @@ def run_task(
         summary.skipped = True  # a re-run of a committed batch: its outputs already exist
         return summary
     check_settings(manifest.settings, plan.settings, store.url)
+    plan = replace(plan, settings=plan.settings.laid_out_as(manifest.settings))
     check_not_fenced(manifest, plan.writer(identity.query_id, identity.run), store.url)
     manager = manager_for(
         store,
@@ -116,7 +121,9 @@ def run_task(
         options.max_cached_buckets,
         stamp_dtype(plan.settings),
         options.max_cache_memory.nbytes,
+        options.state_cache_dir,
     )
+    manager.begin_task()
     writers = PortWriters(plan.output, summary.folder, identity.partition, identity.attempt)
     try:
         classified = _classify(plan, manifest, manager, batches, writers, summary)
@@ -128,12 +135,12 @@ def run_task(
     context = classified.context
     folds = choose_folds(manager, manifest, context, new, identity.partition)
     summary.written = write_window_file(store, manifest, context, new, identity.partition, folds)
-    written = summary.written
     if plan.settings.by_sequence:
-        written.new_keys = 0  # a task cannot tell a new producer: the commit's fold counts them
-    else:  # sequence dedup's commit folds the task's segments away: no version names them
-        manager.note_written(manifest.version + 1, new, written.segments, written.supersedes)
+        # A task cannot tell a new producer: the commit's fold counts them.
+        summary.written.new_keys = 0
     summary.cache = manager.cache.info()
+    summary.state = manager.task_use()
+    summary.process = f"{socket.gethostname()}:{os.getpid()}"
     summary.seconds = time.perf_counter() - started
     return summary
 

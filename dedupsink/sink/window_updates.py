@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from dedupsink.engine.classify import PORTS, NewKeys, bucket_of, stamp_dtype
+from dedupsink.engine.classify import PORTS, NewKeys, stamp_dtype
+from dedupsink.engine.placement import bucket_of
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import Output, PortFile
 from dedupsink.sink.plan import SinkPlan
@@ -27,7 +28,7 @@ from dedupsink.store.compaction import (
 )
 from dedupsink.store.format import Manifest, PortState
 from dedupsink.store.ownership import Writer
-from dedupsink.store.records import LogEntry, Move, Publication, WindowCounts
+from dedupsink.store.records import LogEntry, Move, Publication, StateUse, WindowCounts
 from dedupsink.store.store import BucketStore
 from dedupsink.store.transaction import (
     AddCategories,
@@ -89,6 +90,7 @@ class WindowCommit:
                     sum((t.counts for t in self.tasks), WindowCounts()),
                     cross_partition,
                     sum(t.seconds for t in self.tasks),
+                    StateUse.of_tasks([(t.process, t.state) for t in self.tasks]),
                 ),
                 RecordPublication(publication, ports),
             ),
@@ -163,6 +165,7 @@ def _fold_producers(
         options.max_cached_buckets,
         stamp_dtype(plan.settings),
         options.max_cache_memory.nbytes,
+        options.state_cache_dir,
     )
     written = [s.written for s in done if s.written is not None]
     folded = fold_producers(manager, base, plan.settings, written)

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dedupsink.engine.classify import NewKeys, WindowClassifier, bucket_of, stamp_dtype
+from dedupsink.engine.classify import NewKeys, WindowClassifier, stamp_dtype
 from dedupsink.engine.expiry_policy import is_alive
 from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.placement import bucket_of
 from dedupsink.engine.sequence import highest_per_producer
 from dedupsink.engine.settings import Settings
 from dedupsink.store.cache import BucketManager

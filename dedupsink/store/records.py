@@ -9,12 +9,13 @@ publication).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.expiry_policy import ExpiryPolicy, Mode
-from dedupsink.engine.settings import Settings, StampKind
+from dedupsink.engine.settings import KeyHash, Settings, StampKind
 from dedupsink.options import ASSUME_SAME_EXPIRY_DEFAULT, OUTPUT_FORMAT_DEFAULT
 
 
@@ -37,6 +38,10 @@ class StoreSettings:
     output_format: str = OUTPUT_FORMAT_DEFAULT
     sequence_key: str | None = None
     sequence_type: str | None = None
+    # The key placement (``Settings.key_hash``, ``key_shards``); a store recorded before it
+    # existed places keys by fingerprint alone, one shard a time bucket.
+    key_hash: KeyHash = "fingerprint"
+    key_shards: int = 1
 
     @classmethod
     def of(cls, settings: Settings) -> StoreSettings:
@@ -56,15 +61,24 @@ class StoreSettings:
     def to_wire(self) -> dict[str, Any]:
         wire = {f.name: getattr(self, f.name) for f in fields(self)}
         wire["keys"], wire["key_types"] = list(self.keys), list(self.key_types)
+        if (self.key_hash, self.key_shards) == _PLACED_BY_FINGERPRINT:
+            # As a store recorded before placement existed wrote it: its bytes stay the same.
+            del wire["key_hash"], wire["key_shards"]
         return wire
 
     @classmethod
     def from_wire(cls, value: dict[str, Any]) -> StoreSettings:
-        recorded = {f.name: value[f.name] for f in fields(cls) if f.name != "assume_same_expiry"}
+        recorded = {f.name: value[f.name] for f in fields(cls) if f.name not in _ADDED_LATER}
         recorded["keys"], recorded["key_types"] = tuple(value["keys"]), tuple(value["key_types"])
         # A store created before the setting existed behaves as its default did then.
         same = value.get("assume_same_expiry", ASSUME_SAME_EXPIRY_DEFAULT)
-        return cls(**recorded, assume_same_expiry=same)
+        placement = {name: value[name] for name in ("key_hash", "key_shards") if name in value}
+        return cls(**recorded, assume_same_expiry=same, **placement)
+
+
+# Settings a store recorded before they existed lacks, read as their defaults then.
+_ADDED_LATER = ("assume_same_expiry", "key_hash", "key_shards")
+_PLACED_BY_FINGERPRINT = ("fingerprint", 1)
 
 
 @dataclass(frozen=True)
@@ -281,6 +295,54 @@ class WindowCounts:
 
 
 @dataclass(frozen=True)
+class StateUse:
+    """The bytes of remembered keys a task used (``store/cache.py``), or a window's tasks did.
+
+    ``loaded``: bytes of the buckets the lookups searched (from the process's cache or not);
+    ``loaded_max``: the largest task's ``loaded``; ``fetched``: bytes of segments read from the
+    store, no copy of them being on the machine; ``private``: what the tasks' processes hold
+    in their own memory (cache and filter), summed over the processes; ``mapped``: the machine's
+    shared copies the process maps, the largest of the processes (shared, so not summed)."""
+
+    loaded: int = 0
+    loaded_max: int = 0
+    fetched: int = 0
+    private: int = 0
+    mapped: int = 0
+
+    @classmethod
+    def of_tasks(cls, tasks: Sequence[tuple[str, StateUse]]) -> StateUse:
+        """A window's use from its tasks' (process, use): a process's holdings counted once,
+        as its last task left them."""
+        held = {process: use for process, use in tasks}
+        return cls(
+            loaded=sum(use.loaded for _, use in tasks),
+            loaded_max=max((use.loaded for _, use in tasks), default=0),
+            fetched=sum(use.fetched for _, use in tasks),
+            private=sum(use.private for use in held.values()),
+            mapped=max((use.mapped for use in held.values()), default=0),
+        )
+
+    def to_wire(self) -> list[int]:
+        return [self.loaded, self.loaded_max, self.fetched, self.private, self.mapped]
+
+    @classmethod
+    def from_wire(cls, value: Any) -> StateUse:
+        return cls(*(int(v) for v in value)) if value else cls()
+
+    def text(self) -> str:
+        return (
+            f"state loaded {_megabytes(self.loaded)} (largest task {_megabytes(self.loaded_max)}"
+            f", {_megabytes(self.fetched)} from the store), held {_megabytes(self.private)}"
+            f" private + {_megabytes(self.mapped)} mapped"
+        )
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+@dataclass(frozen=True)
 class WindowRecord:
     """What a version's window was: who committed it and what it did (for ``inspect`` and the
     ``dedupsink run`` progress lines)."""
@@ -296,9 +358,10 @@ class WindowRecord:
     cross_partition_duplicates: int = 0
     dropped_keys: int = 0
     task_seconds: float = 0.0
+    state: StateUse = field(default_factory=StateUse)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "window": self.version,
             "query": self.query,
             "batch": self.batch,
@@ -308,6 +371,9 @@ class WindowRecord:
             "dropped_keys": self.dropped_keys,
             "task_seconds": self.task_seconds,
         }
+        if self.state != StateUse():  # a record written before the state was counted: as then
+            wire["state"] = self.state.to_wire()
+        return wire
 
     @classmethod
     def from_wire(cls, value: Any) -> WindowRecord | None:
@@ -322,6 +388,7 @@ class WindowRecord:
             int(value["cross_partition_duplicates"]),
             int(value["dropped_keys"]),
             float(value["task_seconds"]),
+            StateUse.from_wire(value.get("state")),
         )
 
 
