@@ -73,6 +73,10 @@ ASSUME_SAME_EXPIRY = "assumeSameExpiry"
 # ``false``: keys are then bucketed by hash and each remembers the value of its unique row.
 ASSUME_SAME_EXPIRY_DEFAULT = True
 BOOLEAN_ACCEPTED = "true or false"
+STATE_CACHE_DIR = "stateCacheDir"
+# None: the first of the executor's local dirs (Spark's SPARK_EXECUTOR_DIRS, SPARK_LOCAL_DIRS,
+# YARN's LOCAL_DIRS), else the system's temporary folder (store/shared.py).
+STATE_CACHE_DIR_DEFAULT = None
 
 # A bucket span, when not given, is this fraction of the expiry period: 16 time buckets keep
 # each bucket small while one expiry period of history needs few files per bucket.
@@ -155,6 +159,8 @@ class DedupOptions:
     # (tupleTime, ordered) and refuses a given value where it does not.
     assume_same_expiry: bool | None = None
     sequence_key: str | None = None
+    # A local folder for the machine's shared, memory-mapped copy of the store's segments.
+    state_cache_dir: str | None = STATE_CACHE_DIR_DEFAULT
 
     def __post_init__(self) -> None:
         if not self.store_path:
@@ -382,6 +388,7 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec(OWNER_TIMEOUT, "owner_timeout", parse_duration, _text_of),
     OptionSpec(ASSUME_SAME_EXPIRY, "assume_same_expiry", parse_bool, bool_text),
     OptionSpec(SEQUENCE_KEY, "sequence_key", lambda _, text: text),
+    OptionSpec(STATE_CACHE_DIR, "state_cache_dir", lambda _, text: text.rstrip("/") or "/"),
 )
 SINK_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
 

@@ -23,6 +23,7 @@ CACHES = {
     "sink.published",
     "sink.swept_runs",
     "store.bucket_managers",
+    "store.shared_checked",
     "store.created_history",
     "store.known_manifests",
     "store.written_files",

@@ -24,6 +24,9 @@ class KeySet:
     h2: np.ndarray
     stamps: np.ndarray | None  # None where keys carry no expiry value (Basic Dedup)
     shared_h1: bool = False  # two keys share an h1 (only ``_settle_repeats`` leaves them)
+    # The arrays are a read-only map of a machine's shared file (store/shared.py), not memory
+    # of this process: they count against no cache's byte bound.
+    mapped: bool = False
 
     @classmethod
     def empty(cls, stamp_dtype: np.dtype | None) -> KeySet:

@@ -273,6 +273,11 @@ _HISTORY_COLUMNS: tuple[tuple[str, type[DataType]], ...] = (
     ("store_files", LongType),
     ("store_bytes", LongType),
     ("task_seconds", DoubleType),
+    ("state_loaded_bytes", LongType),
+    ("state_loaded_max_bytes", LongType),
+    ("state_fetched_bytes", LongType),
+    ("state_private_bytes", LongType),
+    ("state_mapped_bytes", LongType),
 )
 
 

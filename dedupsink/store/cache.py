@@ -1,37 +1,43 @@
-"""The bucket manager: an LRU cache of decoded buckets in front of the bucket store.
+"""The bucket manager: an LRU cache of buckets in front of the bucket store.
 
-One manager per store lives in each executor Python process between micro-batches, so a warm
-bucket costs only the segments committed since it was loaded. Only segments a committed
-manifest references are loaded, so a cached bucket answers as one built afresh. A task notes
-what it wrote (``note_written``): when the next manifest references that very segment, the
-manager still reads and checks it but takes its keys from memory instead of decoding them.
+One manager per store lives in each executor Python process between micro-batches. A bucket is
+one sorted set a committed segment; each set is a read-only map of the machine's shared copy of
+its segment (``store/shared.py``), built once per machine and searched in place by every
+process, so more task slots share one copy instead of holding one each. A warm bucket opens
+only the segments committed since; only segments a committed manifest references are opened,
+so a cached bucket answers as one built afresh. The bounds (``maxCachedBuckets``,
+``maxCacheMemory``) apply to what a process holds privately: its Bloom filter and any set it
+could not map.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from dedupsink.engine.classify import NewKeys
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.keyset import FILTER_FROM_KEYS, KeyFilter, KeySet
+from dedupsink.engine.sequence import NO_SEQUENCE
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import (
     DecodedSegment,
     Manifest,
     Segment,
     SegmentBytes,
-    check_segment,
     decode_segment,
     group_by_bucket,
     segment_ident,
 )
+from dedupsink.store.records import StateUse
+from dedupsink.store.shared import SharedSegments, default_root
 from dedupsink.store.store import BucketStore
 
 
@@ -41,41 +47,49 @@ class CacheInfo(NamedTuple):
     evictions: int
     size: int
     capacity: int
-    nbytes: int = 0
+    nbytes: int = 0  # private: the cached sets not mapped, and the filter
+    mapped: int = 0  # the cached sets mapped from the machine's shared copies
 
 
-@dataclass
+@dataclass(frozen=True)
 class CachedBucket:
-    """A bucket's keys as a few sorted sets: *sealed* parts (never merged again, so no merge
-    rewrites more than ``SEAL_AT`` keys), the bulk, and the keys added since in runs of
-    decreasing size (``recent``). New keys merge into the smallest run, which folds into the
-    next larger at a fraction of it (``_fold_ratio``): a window's new keys cost in proportion
-    to themselves, not to the bucket. Sealed parts shed expired keys (``_alive_sealed``)."""
+    """A bucket's keys: one sorted set a committed segment, in the manifest's order (oldest
+    first). A set is a map of the machine's shared copy of its segment (``store/shared.py``),
+    or private where there is none (a tool's reader, a folder that cannot be written)."""
 
-    keys: KeySet
-    segments: frozenset[tuple[str, int]] = field(default_factory=frozenset)
-    recent: tuple[KeySet, ...] = ()
-    sealed: tuple[KeySet, ...] = ()
-    # Counted once: the cache reads it at every store, and the sets never change.
-    nbytes: int = field(init=False, repr=False, compare=False)
+    parts: tuple[tuple[tuple[str, int], KeySet], ...] = ()
+    # Counted once: the cache reads them at every store, and the sets never change.
+    nbytes: int = field(init=False, repr=False, compare=False)  # private bytes
+    mapped_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.nbytes = sum(part.nbytes for part in self.sets)
+        private = sum(keys.nbytes for _, keys in self.parts if not keys.mapped)
+        mapped = sum(keys.nbytes for _, keys in self.parts if keys.mapped)
+        object.__setattr__(self, "nbytes", private)
+        object.__setattr__(self, "mapped_bytes", mapped)
+
+    @classmethod
+    def of(cls, *sets: KeySet) -> CachedBucket:
+        """A bucket of these sets, oldest first (segments of no file: tests and tools)."""
+        return cls(tuple((("", i), keys) for i, keys in enumerate(sets)))
 
     def __len__(self) -> int:
-        return sum(len(part) for part in self.sets)
+        return sum(len(keys) for _, keys in self.parts)
 
     @property
     def sets(self) -> tuple[KeySet, ...]:
-        return (*self.sealed, self.keys, *self.recent)
+        return tuple(keys for _, keys in self.parts)
+
+    @property
+    def segments(self) -> frozenset[tuple[str, int]]:
+        return frozenset(ident for ident, _ in self.parts)
 
     def contains(self, fps: Fingerprints, forget_at_or_below: float | None) -> np.ndarray:
-        """Which of these queries, sorted by ``h1``, the bucket remembers, newest keys first:
-        re-sent keys are mostly recent ones, found in the small runs, and only the rest need the
-        large sets, whose search costs a cache miss at most steps: before a large set the
-        queries already answered are picked out. For a small set or a few queries, picking
-        out costs more than it spares. Each binary search narrows the next, the queries being
-        sorted."""
+        """Which of these queries, sorted by ``h1``, the bucket remembers, newest segments
+        first: re-sent keys are mostly recent ones, and only the rest need the older, larger
+        sets, whose search costs a cache miss at most steps: before a large set the queries
+        already answered are picked out. For a small set or a few queries, picking out costs
+        more than it spares. Each binary search narrows the next, the queries being sorted."""
         found = np.zeros(len(fps), dtype=bool)
         rows: np.ndarray | None = None  # the positions of ``queries`` in ``fps`` (None: all)
         queries = fps
@@ -95,78 +109,22 @@ class CachedBucket:
 
     def highest(self, fps: Fingerprints) -> np.ndarray:
         """Each query's largest stamp in this bucket (queries sorted by ``h1``)."""
+        if not self.parts:
+            return np.full(len(fps), NO_SEQUENCE, dtype=np.int64)
         return np.maximum.reduce([keys.highest(fps) for keys in self.sets])
 
-    def added(
-        self, parts: list[KeySet], segments: frozenset[tuple[str, int]], forget: float | None
-    ) -> CachedBucket:
-        added = sum(len(part) for part in parts)
-        sealed = self.sealed if forget is None else _alive_sealed(self.sealed, forget)
-        if not added:
-            return CachedBucket(self.keys, segments, self.recent, sealed)
-        new = parts[0]
-        for part in parts[1:]:
-            new = new.merge(part)
-        runs = [self.keys, *self.recent]
-        if len(runs) < _RUNS:
-            runs.append(new)
-        else:
-            runs[-1] = runs[-1].merge(new)
-        ratio = _fold_ratio(len(self.keys), added)
-        while len(runs) > 1 and len(runs[-1]) * ratio >= len(runs[-2]):
-            smallest = runs.pop()
-            runs[-1] = runs[-1].merge(smallest)
-        bulk = runs[0] if runs[0] is self.keys else runs[0].alive(forget)
-        recent = runs[1:]
-        if len(bulk) >= SEAL_AT:
-            sealed = (*sealed, bulk)
-            bulk = recent.pop(0) if recent else KeySet.empty(bulk.stamp_dtype)
-        return CachedBucket(bulk, segments, tuple(recent), sealed)
-
-    def unheld(self, part: KeySet) -> KeySet:
-        """The keys of ``part`` this bucket does not already hold with at least their stamp:
-        a compacted segment's keys are mostly the folded segments' again."""
-        held = np.zeros(len(part), dtype=bool)
-        for keys in self.sets:
-            held |= part.held_in(keys)
-        return part.without(held) if held.any() else part
-
     def merged(self) -> KeySet:
-        keys = self.keys
-        for part in (*self.sealed, *self.recent):
+        """Every set in one (private) set, the largest stamp of a key kept."""
+        if not self.parts:
+            return KeySet.empty(None)
+        keys = self.sets[0]
+        for part in self.sets[1:]:
             keys = keys.merge(part)
         return keys
 
 
-def _alive_sealed(sealed: tuple[KeySet, ...], forget: float) -> tuple[KeySet, ...]:
-    """Sealed parts without their expired keys: a part whose every key expired leaves, and one
-    whose expired keys reach an eighth of it is filtered (about what a bulk held, rebuilt at
-    each fold of its largest run, an eighth to a quarter of it). A sealed part spans hours of a
-    day's keys, so kept whole until its last key expired, it held up to half a period of dead
-    keys: a 20,000-row stream's second day outgrew a cache sized for one period and thrashed."""
-    shed = (part.alive(forget) if part.an_eighth_expired(forget) else part for part in sealed)
-    return tuple(part for part in shed if len(part))
-
-
-# A bucket's bulk is sealed from this many keys (see ``CachedBucket``): merges up to about this
-# size still take the faster sorted way (``keyset._SORT_UP_TO``); bench/RESULTS.md,
-# "Measurements behind design choices", has what sealing saved.
-SEAL_AT = 1 << 18
 # Below this many queries a bucket's search gives every set all of them (see ``contains``).
 _PICK_OUT_FROM_QUERIES = 16
-# Folding at a quarter keeps a window's merge cost flat through a time bucket's hour (bench/
-# RESULTS.md, "Measurements behind design choices").
-_FOLD_RATIO = 4
-_RUNS = 3
-
-
-def _fold_ratio(bulk: int, added: int) -> float:
-    """Fold a run into the next larger once it reaches ``1 / ratio`` of it. With ``k`` runs in
-    ratio ``r`` merging costs about ``k * r * added`` keys a window, least at
-    ``r = (bulk / added) ** (1 / k)``: a hash bucket, which gets a few keys every window, needs
-    more than a time bucket's fixed quarter (bench/RESULTS.md, "Figures formerly in code
-    comments")."""
-    return max(_FOLD_RATIO, (bulk / (2 * added)) ** (1 / _RUNS))
 
 
 class BucketCache:
@@ -181,6 +139,7 @@ class BucketCache:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[int, CachedBucket] = OrderedDict()
         self._nbytes = 0
+        self._mapped = 0
         self._reserved = 0
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = 0
@@ -200,9 +159,19 @@ class BucketCache:
             previous = self._entries.pop(bucket, None)
             if previous is not None:
                 self._nbytes -= previous.nbytes
+                self._mapped -= previous.mapped_bytes
             self._entries[bucket] = entry
             self._nbytes += entry.nbytes
+            self._mapped += entry.mapped_bytes
             self._evict_over_bounds()
+
+    def retain(self, buckets: set[int]) -> None:
+        """Drop every bucket but these (not counted as evictions)."""
+        with self._lock:
+            for bucket in [b for b in self._entries if b not in buckets]:
+                dropped = self._entries.pop(bucket)
+                self._nbytes -= dropped.nbytes
+                self._mapped -= dropped.mapped_bytes
 
     def reserve(self, nbytes: int) -> None:
         """Count these bytes (the manager's filter) against the byte bound."""
@@ -220,6 +189,7 @@ class BucketCache:
         while len(self._entries) > 1 and self._over_bounds():
             _, evicted = self._entries.popitem(last=False)
             self._nbytes -= evicted.nbytes
+            self._mapped -= evicted.mapped_bytes
             self.evictions += 1
 
     def _over_bounds(self) -> bool:
@@ -230,6 +200,7 @@ class BucketCache:
         with self._lock:
             self._entries.clear()
             self._nbytes = self._reserved
+            self._mapped = 0
 
     def info(self) -> CacheInfo:
         with self._lock:
@@ -240,6 +211,7 @@ class BucketCache:
                 len(self._entries),
                 self.capacity,
                 self._nbytes,
+                self._mapped,
             )
 
     @property
@@ -326,84 +298,64 @@ def _add_all(key_filter: KeyFilter, sets: list[KeySet]) -> None:
         key_filter.add(np.concatenate([k.h1 for k in small]), np.concatenate([k.h2 for k in small]))
 
 
-_NOTED_BYTES_PER_KEY = 24  # two 64-bit fingerprint words and a stamp
-_NOTES_WITHOUT_BOUND = 64 << 20
-
-
-@dataclass(frozen=True)
-class WrittenSegment:
-    """A segment a task of this process wrote: its new keys as stored (stamps possibly
-    provisional) and the segments it folds."""
-
-    new: DecodedSegment
-    folds: frozenset[tuple[str, int]]
+# A process sweeps the machine's shared copies of dropped segments at most this often.
+_SWEEP_EVERY_SECONDS = 60.0
 
 
 class BucketManager:
     """Answers "is this key remembered?" for one committed manifest, through the cache."""
 
     def __init__(
-        self, store: BucketStore, cache: BucketCache, stamp_dtype: np.dtype | None
+        self,
+        store: BucketStore,
+        cache: BucketCache,
+        stamp_dtype: np.dtype | None,
+        shared: SharedSegments | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
         self.stamp_dtype = stamp_dtype
+        self.shared = shared
         self.manifest: Manifest | None = None
         self.filter = BucketsFilter()
-        self._written: dict[Segment, tuple[int, WrittenSegment]] = {}
-        self._noted_bytes = 0
-        self._written_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._touched: set[int] = set()  # buckets looked up at this manifest's version
+        self._task_buckets: set[int] = set()
+        self._loaded = self._fetched = 0
+        self._swept_at = 0.0
 
     def use(self, manifest: Manifest) -> BucketManager:
-        self.manifest = manifest
-        with self._written_lock:
-            # Kept for the version that commits them; older notes were committed or lost.
-            stale = [s for s, (window, _) in self._written.items() if window < manifest.version]
-            for segment in stale:
-                self._drop_note(segment)
+        with self._lock:
+            previous = self.manifest
+            self.manifest = manifest
+            if previous is not None and manifest.version > previous.version:
+                # Keep what the last version's tasks looked up: with a key-partitioned input a
+                # process keeps its partitions' share, and maps again, cheaply, what a later
+                # window's partitions need (their files stay on the machine's disk).
+                if self._touched:
+                    self.cache.retain(self._touched)
+                self._touched = set()
+        if self.shared is not None and time.monotonic() - self._swept_at > _SWEEP_EVERY_SECONDS:
+            self._swept_at = time.monotonic()
+            self.shared.sweep(set(manifest.files))
         return self
 
-    def note_written(
-        self,
-        window: int,
-        new: NewKeys,
-        segments: dict[int, Segment],
-        folds: dict[int, list[tuple[str, int]]],
-    ) -> None:
-        """Remember what a task wrote as ``window`` (its new keys, the segments holding them
-        and the segments each folds), for when a manifest references it.
+    @property
+    def bounds(self) -> tuple[int, int | None, Path | None]:
+        root = None if self.shared is None else self.shared.root
+        return self.cache.capacity, self.cache.max_bytes, root
 
-        Notes take at most an eighth of the cache's byte bound, the newest kept: a batch
-        write's tasks all note the same window, and a large task's notes would otherwise add
-        its whole key set to the worker's memory."""
-        nbytes = _NOTED_BYTES_PER_KEY * len(new.h1)
-        budget = (self.cache.max_bytes or _NOTES_WITHOUT_BOUND) // 8
-        if not segments or nbytes > budget:
-            return
-        rows = _rows_by_bucket(new.buckets)
-        empty = np.empty(0, dtype=np.int64)
-        with self._written_lock:
-            for bucket, segment in segments.items():
-                mine = rows.get(bucket, empty)
-                stamps = None if new.stamps is None else new.stamps[mine]
-                keys = DecodedSegment(new.h1[mine], new.h2[mine], stamps)
-                written = WrittenSegment(keys, frozenset(folds.get(bucket, [])))
-                self._written[segment] = (window, written)
-            self._noted_bytes += nbytes
-            while self._noted_bytes > budget and self._written:
-                self._drop_note(next(iter(self._written)))  # the oldest
+    def begin_task(self) -> None:
+        """Start counting a task's use of the state (``task_use``)."""
+        with self._lock:
+            self._task_buckets = set()
+            self._loaded = self._fetched = 0
 
-    def _drop_note(self, segment: Segment) -> None:
-        """Forget one note (the lock is held)."""
-        _, written = self._written.pop(segment)
-        self._noted_bytes -= _NOTED_BYTES_PER_KEY * len(written.new.h1)
-
-    def _noted(self, segment: Segment, held: frozenset[tuple[str, int]]) -> WrittenSegment | None:
-        """What this process wrote as ``segment``, if it did and a cached bucket holding
-        ``held`` holds every segment it folds."""
-        with self._written_lock:
-            noted = self._written.get(segment)
-        return noted[1] if noted is not None and noted[1].folds <= held else None
+    def task_use(self) -> StateUse:
+        """The state the task since ``begin_task`` used, and what this process holds now."""
+        info = self.cache.info()
+        with self._lock:
+            return StateUse(self._loaded, self._loaded, self._fetched, info.nbytes, info.mapped)
 
     def remembered(
         self, buckets: np.ndarray, fps: Fingerprints, forget_at_or_below: float | None
@@ -456,67 +408,61 @@ class BucketManager:
         return found
 
     def load(self, buckets: list[int], forget_at_or_below: float | None) -> dict[int, CachedBucket]:
-        """The committed keys of these buckets, fetching missing segments in parallel."""
-        assert self.manifest is not None, "use(manifest) before lookups"
-        entries: dict[int, CachedBucket] = {}
-        live: dict[int, frozenset[tuple[str, int]]] = {}
-        missing: list[tuple[int, Segment]] = []
-        additions: dict[int, list[KeySet]] = {}
-        compacted: set[int] = set()
-        noted: dict[Segment, KeySet] = {}
+        """The committed keys of these buckets: the sets cached for segments the manifest still
+        lists, and the others opened (mapped from the machine's copies, built from the store
+        where there is none). ``forget_at_or_below`` is applied by the searches."""
+        if self.manifest is None:
+            raise RuntimeError("BucketManager.use(manifest) must come before lookups")
+        held: dict[int, dict[tuple[str, int], KeySet]] = {}
+        wanted: list[tuple[int, Segment]] = []
         for bucket in buckets:
-            caught = self._catch_up(bucket)
-            entry, fresh, known = caught.entry, caught.fresh, caught.noted
-            if caught.stale and 2 * sum(s.count for s in fresh) >= len(entry):
-                # The bucket was compacted: re-reading it beats merging every key twice.
-                entry = CachedBucket(KeySet.empty(self.stamp_dtype))
-                fresh, known = self.manifest.buckets.get(bucket, []), {}
-            elif caught.stale:
-                compacted.add(bucket)
-            entries[bucket], live[bucket], additions[bucket] = entry, caught.live, []
-            noted.update(known)
-            missing.extend((bucket, segment) for segment in [*fresh, *known])
-        fetched = self.store.fetch([segment for _, segment in missing])
-        for (bucket, segment), raw in zip(missing, fetched, strict=True):
-            if segment in noted:
-                check_segment(raw, segment, self.stamp_dtype, self.store.data_url(segment.file))
-                additions[bucket].append(noted[segment])
-                continue
-            part = self._decode(raw, segment)
-            additions[bucket].append(entries[bucket].unheld(part) if bucket in compacted else part)
+            entry = self.cache.get(bucket)
+            held[bucket] = {} if entry is None else dict(entry.parts)
+            for segment in self.manifest.buckets.get(bucket, []):
+                if segment_ident(segment) not in held[bucket]:
+                    wanted.append((bucket, segment))
+        additions: dict[int, list[KeySet]] = {bucket: [] for bucket in buckets}
+        for (bucket, segment), keys in zip(wanted, self._open(wanted), strict=True):
+            held[bucket][segment_ident(segment)] = keys
+            additions[bucket].append(keys)
         result = {
-            bucket: entry.added(additions[bucket], live[bucket], forget_at_or_below)
-            if additions[bucket]
-            else entry
-            for bucket, entry in entries.items()
+            bucket: CachedBucket(
+                tuple(
+                    (segment_ident(s), held[bucket][segment_ident(s)])
+                    for s in self.manifest.buckets.get(bucket, [])
+                )
+            )
+            for bucket in buckets
         }
         self.filter.cover(result, additions, lambda: self.cache.keys_held(FILTER_FROM_KEYS))
         self.cache.reserve(self.filter.nbytes)
         for bucket, entry in result.items():
             self.cache.put(bucket, entry)
+        self._count_loaded(result)
         return result
 
-    def _catch_up(self, bucket: int) -> _CatchUp:
-        """A bucket's cached entry against the manifest."""
-        assert self.manifest is not None
-        entry = self.cache.get(bucket)
-        if entry is None:
-            entry = CachedBucket(KeySet.empty(self.stamp_dtype))
-        segments = self.manifest.buckets.get(bucket, [])
-        # Every task catches up every bucket it looks up, against all of its segments (a dozen
-        # a bucket late in a day of hash buckets): set operations over the idents, not a loop.
-        live = frozenset(map(segment_ident, segments))
-        stale = entry.segments - live
-        fresh: list[Segment] = []
-        noted: dict[Segment, KeySet] = {}
-        for segment in _unheld(segments, live - entry.segments):
-            written = self._noted(segment, entry.segments)
-            if written is None:
-                fresh.append(segment)
-            else:
-                noted[segment] = self._final(written.new, segment)
-                stale -= written.folds
-        return _CatchUp(entry, live, fresh, noted, stale)
+    def _count_loaded(self, loaded: dict[int, CachedBucket]) -> None:
+        with self._lock:
+            self._touched.update(loaded)
+            for bucket, entry in loaded.items():
+                if bucket not in self._task_buckets:
+                    self._task_buckets.add(bucket)
+                    self._loaded += entry.nbytes + entry.mapped_bytes
+
+    def _open(self, wanted: list[tuple[int, Segment]]) -> list[KeySet]:
+        """These segments' keys: mapped from the machine's shared copies, the missing (or
+        damaged) copies built from the store first, read in one parallel fetch."""
+        opened: list[KeySet | None] = [None] * len(wanted)
+        if self.shared is not None:
+            opened = [self.shared.open(segment) for _, segment in wanted]
+        missing = [i for i, keys in enumerate(opened) if keys is None]
+        segments = [wanted[i][1] for i in missing]
+        for i, segment, raw in zip(missing, segments, self.store.fetch(segments), strict=True):
+            keys = self._decode(raw, segment)
+            with self._lock:
+                self._fetched += len(raw)
+            opened[i] = keys if self.shared is None else self.shared.publish(segment, keys)
+        return [keys for keys in opened if keys is not None]
 
     def read_segments(self, segments: list[Segment]) -> DecodedSegment:
         """The keys of these committed segments with their final stamps, in stored order, read
@@ -564,41 +510,8 @@ class BucketManager:
         return DecodedSegment(keys.h1, keys.h2, stamps)
 
 
-class _CatchUp(NamedTuple):
-    """A cached bucket against a manifest: the manifest's segments of it (``live``), the
-    segments to decode (``fresh``), those whose new keys were noted in memory (with those
-    keys), and the segments the entry holds that the manifest no longer lists and no noted
-    fold accounts for (``stale``)."""
-
-    entry: CachedBucket
-    live: frozenset[tuple[str, int]]
-    fresh: list[Segment]
-    noted: dict[Segment, KeySet]
-    stale: frozenset[tuple[str, int]]
-
-
-def _unheld(segments: list[Segment], unheld: frozenset[tuple[str, int]]) -> list[Segment]:
-    """The segments whose idents are in ``unheld``, in the manifest's order. A commit appends
-    a window's segments, so they are looked for from the end."""
-    found: list[Segment] = []
-    if unheld:
-        for segment in reversed(segments):
-            if segment_ident(segment) in unheld:
-                found.append(segment)
-                if len(found) == len(unheld):
-                    break
-        found.reverse()
-    return found
-
-
 def _ascending(values: np.ndarray) -> bool:
     return bool((values[1:] >= values[:-1]).all())
-
-
-def _rows_by_bucket(buckets: np.ndarray) -> dict[int, np.ndarray]:
-    """The positions of each bucket's keys."""
-    order, spans = group_by_bucket(buckets)
-    return {bucket: order[start:end] for bucket, start, end in spans}
 
 
 def _resolve_categories(stamps: np.ndarray, local: list[str], manifest: Manifest) -> np.ndarray:
@@ -626,13 +539,19 @@ def manager_for(
     capacity: int,
     stamp_dtype: np.dtype | None,
     max_bytes: int | None = None,
+    state_cache_dir: str | None = None,
 ) -> BucketManager:
-    """This process's manager for a store (keyed by the store's unique id, not just its URL)."""
+    """This process's manager for a store (keyed by the store's unique id, not just its URL),
+    its sets mapped from the machine's shared copies under ``state_cache_dir`` (by default
+    the executor's local dir: ``shared.default_root``)."""
     key = (store.url, manifest.store_id)
+    root = default_root(state_cache_dir)
     with _managers_lock:
         manager = _managers.get(key)
-        bounds = (capacity, max_bytes)
-        if manager is None or (manager.cache.capacity, manager.cache.max_bytes) != bounds:
-            manager = BucketManager(store, BucketCache(capacity, max_bytes), stamp_dtype)
+        bounds = (capacity, max_bytes, root)
+        if manager is None or manager.bounds != bounds:
+            shared = SharedSegments(root, manifest.store_id)
+            cache = BucketCache(capacity, max_bytes)
+            manager = BucketManager(store, cache, stamp_dtype, shared)
             _managers[key] = manager
     return manager.use(manifest)

@@ -23,7 +23,7 @@ import pyarrow as pa
 from dedupsink.errors import DedupOptionError, StoreCorruptError
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest
-from dedupsink.store.records import StoreSettings
+from dedupsink.store.records import StateUse, StoreSettings
 from dedupsink.store.storage import Storage
 from dedupsink.store.store import BucketStore, find_store
 from dedupsink.units import MICROS_PER_DAY, number_text, utc_text
@@ -81,6 +81,13 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("store_files", pa.int64()),
     ("store_bytes", pa.int64()),
     ("task_seconds", pa.float64()),
+    # The bytes of remembered keys the window's tasks used (records.StateUse); null in the
+    # rows of windows committed before they were counted.
+    ("state_loaded_bytes", pa.int64()),
+    ("state_loaded_max_bytes", pa.int64()),
+    ("state_fetched_bytes", pa.int64()),
+    ("state_private_bytes", pa.int64()),
+    ("state_mapped_bytes", pa.int64()),
 )
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind in COLUMNS])
 Row = dict[str, Any]
@@ -116,6 +123,19 @@ def row_of(manifest: Manifest) -> Row | None:
         "store_files": len(manifest.files),
         "store_bytes": sum(window_file.nbytes for window_file in manifest.files.values()),
         "task_seconds": float(last.task_seconds),
+        **_state_columns(last.state),
+    }
+
+
+def _state_columns(state: StateUse) -> Row:
+    if state == StateUse():
+        return {}
+    return {
+        "state_loaded_bytes": state.loaded,
+        "state_loaded_max_bytes": state.loaded_max,
+        "state_fetched_bytes": state.fetched,
+        "state_private_bytes": state.private,
+        "state_mapped_bytes": state.mapped,
     }
 
 

@@ -19,7 +19,7 @@ from dedupsink.errors import StoreConflictError
 from dedupsink.store.compaction import WrittenWindowFile
 from dedupsink.store.format import Manifest, PortState, Segment
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer, check_not_fenced, next_owner
-from dedupsink.store.records import Publication, WindowCounts, WindowRecord
+from dedupsink.store.records import Publication, StateUse, WindowCounts, WindowRecord
 from dedupsink.store.store import GARBAGE_EVERY, BucketStore, garbage_due
 
 KEEP_QUERIES = 32
@@ -281,6 +281,7 @@ class RecordWindow:
     counts: WindowCounts
     cross_partition_duplicates: int
     task_seconds: float
+    state: StateUse = field(default_factory=StateUse)
 
     def apply(self, next_version: NextVersion) -> None:
         manifest = next_version.manifest
@@ -295,6 +296,7 @@ class RecordWindow:
             cross_partition_duplicates=self.cross_partition_duplicates,
             dropped_keys=next_version.dropped_keys,
             task_seconds=round(self.task_seconds, 3),
+            state=self.state,
         )
 
 

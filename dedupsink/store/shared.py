@@ -1,0 +1,235 @@
+"""The machine's shared copy of a store's committed segments: sorted files, memory-mapped.
+
+Every committed segment (one bucket's keys in one window file) is decoded, given its final
+stamps and sorted once per machine, into a file of the state folder named by the segment:
+``<root>/dedupsink-state/<store id>/<window file>@<offset>.keys``. A committed segment never
+changes (its window file is immutable and its stamps are final once the file is committed), so
+the name is its identity. Every sink process of the machine maps the same file read-only and
+searches it in place: the OS page cache holds one copy, shared, whatever the number of task
+slots, and gives it back under memory pressure (clean file pages are dropped, not swapped).
+
+A file is written aside and linked into place (a link fails if the name exists), so a reader
+sees a whole file or none; two processes building the same segment both succeed and map the
+winner's. Each file carries a CRC-32 of its payload, checked the first time a process maps it:
+a damaged or truncated file is deleted and rebuilt from the store, never read as "no keys".
+``sweep`` deletes the files of segments the store no longer lists, and those no process of the
+machine has opened for ``IDLE_SECONDS``: the folder holds about what the machine's tasks use.
+
+Layout of a file: a 32-byte header (``DSKEYS01``, key count, flags, CRC-32 of the payload,
+padding), then ``h1[n] | h2[n] | stamps[n]`` as little-endian 64-bit words, sorted by ``h1``
+(no stamps in Basic Dedup).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import struct
+import tempfile
+import threading
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from dedupsink.engine.keyset import KeySet
+from dedupsink.runtime import RUNTIME
+from dedupsink.store.format import Segment
+
+log = logging.getLogger("dedupsink")
+
+MAGIC = b"DSKEYS01"
+_HEADER = struct.Struct("<8sQIIQ")  # magic, count, flags, crc32, padding
+_HAS_STAMPS, _FLOAT_STAMPS, _SHARED_H1 = 1, 2, 4
+STATE_FOLDER = "dedupsink-state"
+# A file of a segment no longer listed is kept this long after its last change: a process
+# reading an older version may still be building or opening it.
+SWEEP_GRACE_SECONDS = 120.0
+# A file no process of the machine has opened for this long is deleted too (rebuilt from the
+# store if needed again): the machine's disk holds the state its tasks use, not all it ever
+# touched when partitions moved between executors. Opening a file renews it, at most once a
+# ``_RENEW_SECONDS``.
+IDLE_SECONDS = 1800.0
+_RENEW_SECONDS = 60.0
+
+# Files this process has checked, by path: (inode, size, mtime) when checked. A file is never
+# rewritten in place, so a later map of the same inode needs no second read of its bytes.
+_checked_lock = threading.Lock()
+_checked: dict[str, tuple[int, int, int]] = RUNTIME.cache(
+    "store.shared_checked", dict, _checked_lock
+)
+_CHECKED_BOUND = 200_000
+
+
+def default_root(configured: str | None = None) -> Path:
+    """The state folder's parent: ``stateCacheDir`` if given, else the executor's first local
+    dir (standalone, Kubernetes and YARN set one of these for the executor and its Python
+    workers), else the system's temporary folder."""
+    if configured:
+        return Path(configured)
+    for variable, separator in (
+        ("SPARK_EXECUTOR_DIRS", os.pathsep),
+        ("SPARK_LOCAL_DIRS", ","),
+        ("LOCAL_DIRS", ","),
+    ):
+        dirs = [d for d in os.environ.get(variable, "").split(separator) if d]
+        if dirs:
+            return Path(dirs[0])
+    return Path(tempfile.gettempdir())
+
+
+class SharedSegments:
+    """The shared copies of one store's segments on this machine."""
+
+    def __init__(self, root: Path, store_id: str) -> None:
+        self.root = root
+        self.folder = root / STATE_FOLDER / store_id
+        self._usable: bool | None = None
+
+    def path(self, segment: Segment) -> Path:
+        return self.folder / f"{segment.file}@{segment.offset}.keys"
+
+    @property
+    def usable(self) -> bool:
+        """Whether the folder can be written (checked once; without it, keys stay private)."""
+        if self._usable is None:
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self._usable = os.access(self.folder, os.W_OK)
+            except OSError:
+                self._usable = False
+            if not self._usable:
+                log.warning("dedup state folder %s is not writable: keys stay private", self.folder)
+        return self._usable
+
+    def open(self, segment: Segment) -> KeySet | None:
+        """The segment's keys mapped from its shared file; None if there is none yet or the
+        file was damaged (then deleted, for the caller to rebuild)."""
+        path = self.path(segment)
+        try:
+            with open(path, "rb") as handle:
+                info = os.fstat(handle.fileno())
+                if info.st_size < _HEADER.size:
+                    raise _Damaged("shorter than its header")
+                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            return None
+        except (OSError, _Damaged) as exc:
+            self._discard(path, str(exc))
+            return None
+        try:
+            keys = _keys_of(mapped, self._needs_check(path, info))
+        except _Damaged as exc:
+            self._discard(path, str(exc))
+            return None
+        if time.time() - info.st_mtime > _RENEW_SECONDS:
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        return keys
+
+    def publish(self, segment: Segment, keys: KeySet) -> KeySet:
+        """Write the segment's sorted keys as its shared file (unless a file is there already)
+        and return them mapped from it; the keys as given if the folder cannot be written."""
+        if not self.usable:
+            return keys
+        path = self.path(segment)
+        aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            with open(aside, "wb") as handle:
+                for chunk in _encode(keys):
+                    handle.write(chunk)
+            # A name present was built first by another process: the same keys.
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)
+        except OSError as exc:
+            log.warning(
+                "dedup could not write the shared copy %s (%s): keys stay private", path, exc
+            )
+            return keys
+        finally:
+            aside.unlink(missing_ok=True)
+        return self.open(segment) or keys
+
+    def sweep(self, live_files: set[str], now: float | None = None) -> int:
+        """Delete the shared files of window files the store no longer lists (and leftovers of
+        writers that died) once older than ``SWEEP_GRACE_SECONDS``, and those not opened for
+        ``IDLE_SECONDS``; the files deleted."""
+        now = time.time() if now is None else now
+        deleted = 0
+        try:
+            entries = list(os.scandir(self.folder))
+        except OSError:
+            return 0
+        for entry in entries:
+            window_file = entry.name.rsplit("@", 1)[0]
+            live = window_file in live_files and not entry.name.startswith(".")
+            try:
+                age = now - entry.stat().st_mtime
+                if age < (IDLE_SECONDS if live else SWEEP_GRACE_SECONDS):
+                    continue
+                os.unlink(entry.path)  # a process mapping it keeps its pages until it unmaps
+                deleted += 1
+            except OSError:
+                continue
+        return deleted
+
+    def _needs_check(self, path: Path, info: os.stat_result) -> bool:
+        stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
+        with _checked_lock:
+            if _checked.get(str(path)) == stamp:
+                return False
+            if len(_checked) >= _CHECKED_BOUND:
+                _checked.clear()
+            _checked[str(path)] = stamp
+        return True
+
+    def _discard(self, path: Path, why: str) -> None:
+        log.warning("dedup shared copy %s is damaged (%s): rebuilt from the store", path, why)
+        with _checked_lock:
+            _checked.pop(str(path), None)
+        path.unlink(missing_ok=True)
+
+
+class _Damaged(Exception):
+    """A shared file that does not hold what its header says (never leaves this module)."""
+
+
+def _encode(keys: KeySet) -> list[bytes | memoryview]:
+    lanes = [keys.h1.astype("<u8", copy=False), keys.h2.astype("<u8", copy=False)]
+    flags = _SHARED_H1 if keys.shared_h1 else 0
+    if keys.stamps is not None:
+        flags |= _HAS_STAMPS | (_FLOAT_STAMPS if keys.stamps.dtype.kind == "f" else 0)
+        lanes.append(keys.stamps.astype("<f8" if flags & _FLOAT_STAMPS else "<i8", copy=False))
+    payload = [np.ascontiguousarray(lane).data.cast("B") for lane in lanes]
+    crc = 0
+    for part in payload:
+        crc = zlib.crc32(part, crc)
+    return [_HEADER.pack(MAGIC, len(keys), flags, crc, 0), *payload]
+
+
+def _keys_of(mapped: mmap.mmap, check: bool) -> KeySet:
+    """The keys of a mapped file, its payload checked against its CRC when ``check``."""
+    magic, count, flags, crc, _ = _HEADER.unpack_from(mapped, 0)
+    lanes = 3 if flags & _HAS_STAMPS else 2
+    if magic != MAGIC:
+        raise _Damaged("not a shared keys file")
+    # Not compared with the index's count: a fold may hold a key twice, which sorting keeps once.
+    if len(mapped) != _HEADER.size + 8 * lanes * count:
+        raise _Damaged(f"{len(mapped)} bytes for {count} keys")
+    if check:
+        view = memoryview(mapped)[_HEADER.size :]
+        try:
+            if zlib.crc32(view) != crc:
+                raise _Damaged("checksum mismatch")
+        finally:
+            view.release()
+    words = np.frombuffer(mapped, dtype="<u8", count=lanes * count, offset=_HEADER.size)
+    h1, h2 = words[:count], words[count : 2 * count]
+    stamps = None
+    if flags & _HAS_STAMPS:
+        stamps = words[2 * count :].view("<f8" if flags & _FLOAT_STAMPS else "<i8")
+    return KeySet(h1, h2, stamps, bool(flags & _SHARED_H1), mapped=True)
