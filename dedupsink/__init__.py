@@ -28,6 +28,7 @@ __all__ = [
     "StoreOwnershipError",
     "history",
     "lookup",
+    "partition_for_dedup",
     "release",
     "report",
 ]
@@ -40,6 +41,10 @@ def __getattr__(name: str) -> Any:
         from dedupsink.sink.datasource import DedupDataSource
 
         return DedupDataSource
+    if name == "partition_for_dedup":
+        from dedupsink.sink.partitioning import partition_for_dedup
+
+        return partition_for_dedup
     raise AttributeError(name)
 
 

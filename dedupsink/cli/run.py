@@ -36,6 +36,7 @@ from dedupsink.errors import DedupError, StoreError
 from dedupsink.masking import mask_values, storage_secrets
 from dedupsink.options import DedupOptions, bool_text, default_store_path
 from dedupsink.ports.formats import port_format
+from dedupsink.sink.partitioning import partition_for_dedup
 from dedupsink.sink.worker import COMMIT_LOG_ENV
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, release
@@ -144,7 +145,7 @@ def source_frame(reader: Any, job: PreparedJob) -> Any:
 
 
 def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
-    frame = source_frame(spark.readStream, job)
+    frame = partition_for_dedup(source_frame(spark.readStream, job), job.config.sink_options)
     writer = frame.writeStream.format("dedup").options(**job.config.sink_options)
     writer = writer.option("checkpointLocation", checkpoint)
     trigger = job.trigger
@@ -159,7 +160,7 @@ def start_query(spark: Any, job: PreparedJob, checkpoint: str) -> Any:
 
 def write_batch(spark: Any, job: PreparedJob) -> None:
     """A batch job: the source read once with ``spark.read`` and written as one window."""
-    frame = source_frame(spark.read, job)
+    frame = partition_for_dedup(source_frame(spark.read, job), job.config.sink_options)
     frame.write.format("dedup").options(**job.config.sink_options).mode("append").save()
 
 
