@@ -348,3 +348,75 @@ def test_shard_of_a_key_is_in_range_and_spread() -> None:
     counts = np.bincount(shards, minlength=32)
     assert shards.min() >= 0 and shards.max() < 32
     assert counts.max() < 1.1 * counts.mean()
+
+
+# -- partition_for_dedup on Spark ------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("partitions", [3, 4])
+def test_partition_for_dedup_puts_each_key_shard_in_its_partition(
+    spark: Any, tmp_path: Path, partitions: int
+) -> None:
+    from pyspark.sql import functions as F
+
+    import dedupsink
+
+    rows = [(i, f"user-{i % 997}", i % 5 == 0) for i in range(6_000)]
+    df = spark.createDataFrame(rows, "id BIGINT, name STRING, flag BOOLEAN")
+    options = {"path": str(tmp_path / "out"), "keys": "id,name,flag", "numBuckets": "32"}
+    parted = dedupsink.partition_for_dedup(df, options, partitions=partitions)
+    table = parted.withColumn("pid", F.spark_partition_id()).toArrow()
+    settings = plan_for(options, table.select(["id", "name", "flag"]).schema, "r", "never").settings
+    fps = key_fingerprints(
+        settings, [table.column(c).combine_chunks() for c in ("id", "name", "flag")]
+    )
+    shards = key_shards(settings, fps)
+    assert settings.key_hash == "spark" and table.num_rows == len(rows)
+    assert (shards % partitions == table.column("pid").to_numpy()).all()
+    assert parted.rdd.getNumPartitions() == partitions
+
+
+@pytest.mark.spark
+def test_a_key_partitioned_stream_matches_the_model_and_records_each_tasks_share(
+    spark: Any, tmp_path: Path
+) -> None:
+    from streams import PORT_NAMES, read_port, reference_outputs, write_batches
+
+    import dedupsink
+
+    rng = random.Random(3)
+    windows = [
+        pa.table(
+            {
+                "id": pa.array([rng.randrange(0, 3_000) for _ in range(2_000)], pa.int64()),
+                "v": pa.array([f"v{w}" for _ in range(2_000)]),
+            }
+        )
+        for w in range(4)
+    ]
+    write_batches(tmp_path / "in", windows)
+    output = tmp_path / "out"
+    options = {"path": str(output), "keys": "id", "numBuckets": "16"}
+    frame = spark.readStream.schema("id BIGINT, v STRING").option("maxFilesPerTrigger", 1)
+    parted = dedupsink.partition_for_dedup(frame.parquet(str(tmp_path / "in")), options, 4)
+    query = (
+        parted.writeStream.format("dedup")
+        .options(**options)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    expected = reference_outputs(windows, "basic", ["id"])
+    for port in PORT_NAMES:
+        got = Counter(tuple(row.values()) for row in read_port(output, port).to_pylist())
+        assert got == expected[port], port
+    history = dedupsink.history(str(output)).to_pylist()
+    assert len(history) == 4
+    manifest = BucketStore(str(output / "_store")).read()
+    assert manifest is not None
+    state = 16 * manifest.remembered_keys
+    for row in history[1:]:
+        assert row["state_loaded_max_bytes"] <= 1.2 * state / 4 + 16 * 2_000
+        assert row["state_mapped_bytes"] > 0
