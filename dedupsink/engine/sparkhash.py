@@ -178,29 +178,41 @@ def _hash_variable(array: pa.Array, h: np.ndarray, valid: np.ndarray | None) -> 
 def _hash_bytes(
     data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seeds: np.ndarray
 ) -> np.ndarray:
-    """``hashUnsafeBytes`` of each row's ``data[start:start + length]``. Rows are taken in
-    order of decreasing length, so the rows still having a word (or a last byte) at a position
-    are a prefix: each step works on a slice, not a mask."""
-    order = np.argsort(-lengths, kind="stable")
-    starts, lengths = starts[order], lengths[order]
-    h1 = seeds[order].copy()
-    words = lengths // 4
-    data32 = data.astype(_U32) if len(data) else np.zeros(1, _U32)
-    for word in range(int(words[0]) if len(words) else 0):
-        count = int(np.count_nonzero(words > word))
-        at = starts[:count] + 4 * word
-        k1 = data32[at] | (data32[at + 1] << _U32(8)) | (data32[at + 2] << _U32(16))
-        k1 |= data32[at + 3] << _U32(24)
-        h1[:count] = _mix_h1(h1[:count], _mix_k1(k1))
-    tails = lengths - 4 * words
-    tail_order = np.argsort(-tails, kind="stable")
-    for byte in range(int(tails.max()) if len(tails) else 0):
-        rows = tail_order[: int(np.count_nonzero(tails > byte))]
-        signed = data[starts[rows] + 4 * words[rows] + byte].view(np.int8).astype(np.int32)
-        h1[rows] = _mix_h1(h1[rows], _mix_k1(signed.view(_U32)))
-    result = np.empty_like(h1)
-    result[order] = _fmix(h1, lengths.astype(_U32))
+    """``hashUnsafeBytes`` of each row's ``data[start:start + length]``, rows of one length at a
+    time: their bytes as one matrix, whose aligned part is read as little-endian words."""
+    result = np.empty_like(seeds)
+    if len(lengths) and (lengths == lengths[0]).all():
+        groups = [np.arange(len(lengths))]  # ids, UUIDs, fixed codes: the usual key
+    else:
+        order = np.argsort(lengths, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1)
+    for rows in groups:
+        length = int(lengths[rows[0]])
+        result[rows] = _fmix(
+            _hash_equal_length(data, starts[rows], length, seeds[rows]), _U32(length)
+        )
     return result
+
+
+def _hash_equal_length(
+    data: np.ndarray, starts: np.ndarray, length: int, h1: np.ndarray
+) -> np.ndarray:
+    """The running hashes ``h1`` after the bytes of rows of ``length`` bytes each."""
+    if length == 0:
+        return h1
+    if (np.diff(starts) == length).all() and starts[0] + len(starts) * length <= len(data):
+        matrix = data[starts[0] : starts[0] + len(starts) * length].reshape(-1, length)
+    else:
+        matrix = data[starts[:, None] + np.arange(length)]
+    whole = length // 4
+    if whole:
+        words = np.ascontiguousarray(matrix[:, : 4 * whole]).view("<u4")
+        for word in range(whole):
+            h1 = _mix_h1(h1, _mix_k1(words[:, word]))
+    for byte in range(4 * whole, length):
+        signed = np.ascontiguousarray(matrix[:, byte]).view(np.int8).astype(np.int32)
+        h1 = _mix_h1(h1, _mix_k1(signed.view(_U32)))
+    return h1
 
 
 def _hash_decimals(array: pa.Array, h: np.ndarray, valid: np.ndarray | None) -> None:

@@ -46,7 +46,9 @@ def partition_for_dedup(
     from pyspark.sql.pandas.types import to_arrow_schema
 
     parsed = with_absolute_paths(DedupOptions.parse(options))
-    settings = _store_layout(resolve(parsed, to_arrow_schema(df.schema)), parsed)
+    # The conversion the data source makes (timestamps with a zone are UTC in Arrow).
+    schema = to_arrow_schema(df.schema, timezone="UTC")
+    settings = _store_layout(resolve(parsed, schema), parsed)
     keys = [F.col(name) for name in settings.keys]
     if partitions is not None and partitions < 1:
         raise DedupOptionError(PARTITIONS, str(partitions), "a positive number of partitions")
