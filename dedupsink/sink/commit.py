@@ -75,6 +75,14 @@ class CommitReport:
     assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
     windows: int = 0  # windows the store has committed, this one included (as the CLI counts)
     state: StateUse = field(default_factory=StateUse)
+    # What each task's process held after its last task of the window: host:pid -> use.
+    held: dict[str, StateUse] = field(default_factory=dict)
+
+    def held_text(self) -> str:
+        return ", ".join(
+            f"{process} {use.private / 1e6:.1f} MB private + {use.mapped / 1e6:.1f} MB mapped"
+            for process, use in sorted(self.held.items())
+        )
 
     def line(self) -> str:
         hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
@@ -127,6 +135,7 @@ def commit_window(
     _after_publication(plan, committed, done, staged, writer)
     report = _report(plan, committed, done, writer, batch_id)
     log.info(report.line())
+    log.debug("dedup window %s: state held by process %s", report.windows, report.held_text())
     return report
 
 
@@ -268,6 +277,7 @@ def _report(
         remembered=committed.remembered_keys,
         cache_hit_rate=hits / (hits + misses) if hits + misses else None,
         state=last.state if last else StateUse(),
+        held={s.process: s.state for s in done if s.process},
         assume_same_expiry=(
             settings.assume_same_expiry if settings.mode in TIME_BUCKET_MODES else None
         ),

@@ -9,6 +9,7 @@ Nothing it writes is visible until that commit.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -43,6 +44,8 @@ from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import check_not_fenced
 from dedupsink.store.records import StateUse, WindowCounts
 from dedupsink.store.store import check_settings
+
+log = logging.getLogger("dedupsink")
 
 # Spark hands Arrow batches of 10,000 rows; classifying fewer, larger batches pays the
 # per-bucket lookup overhead less often, at a bounded memory cost: a chunk ends at this many rows
@@ -141,6 +144,12 @@ def run_task(
     summary.cache = manager.cache.info()
     summary.state = manager.task_use()
     summary.process = f"{socket.gethostname()}:{os.getpid()}"
+    log.info(
+        "dedup task of batch %s, partition %s: %s",
+        identity.batch_id,
+        identity.partition,
+        summary.state.task_text(),
+    )
     summary.seconds = time.perf_counter() - started
     return summary
 

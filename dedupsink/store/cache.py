@@ -328,12 +328,7 @@ class BucketManager:
         with self._lock:
             previous = self.manifest
             self.manifest = manifest
-            if previous is not None and manifest.version > previous.version:
-                # Keep what the last version's tasks looked up: with a key-partitioned input a
-                # process keeps its partitions' share, and maps again, cheaply, what a later
-                # window's partitions need (their files stay on the machine's disk).
-                if self._touched:
-                    self.cache.retain(self._touched)
+            if previous is None or manifest.version != previous.version:
                 self._touched = set()
         if self.shared is not None and time.monotonic() - self._swept_at > _SWEEP_EVERY_SECONDS:
             self._swept_at = time.monotonic()
@@ -352,7 +347,13 @@ class BucketManager:
             self._loaded = self._fetched = 0
 
     def task_use(self) -> StateUse:
-        """The state the task since ``begin_task`` used, and what this process holds now."""
+        """The state the task since ``begin_task`` used, and what this process holds once it
+        let go of the buckets no task of this version used: with a key-partitioned input a
+        process keeps its partitions' share, and maps again, cheaply, what a later window's
+        partitions need (their copies stay on the machine's disk)."""
+        with self._lock:
+            touched = set(self._touched)
+        self.cache.retain(touched)
         info = self.cache.info()
         with self._lock:
             return StateUse(self._loaded, self._loaded, self._fetched, info.nbytes, info.mapped)

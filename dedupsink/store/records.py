@@ -330,6 +330,14 @@ class StateUse:
     def from_wire(cls, value: Any) -> StateUse:
         return cls(*(int(v) for v in value)) if value else cls()
 
+    def task_text(self) -> str:
+        """One task's use, as its log line says it."""
+        return (
+            f"state loaded {_megabytes(self.loaded)} ({_megabytes(self.fetched)} from the store);"
+            f" this process holds {_megabytes(self.private)} private + {_megabytes(self.mapped)}"
+            " mapped"
+        )
+
     def text(self) -> str:
         return (
             f"state loaded {_megabytes(self.loaded)} (largest task {_megabytes(self.loaded_max)}"

@@ -142,9 +142,11 @@ class SharedSegments:
             with open(aside, "wb") as handle:
                 for chunk in _encode(keys):
                     handle.write(chunk)
-            # A name present was built first by another process: the same keys.
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.link(aside, path)
+                self._mark_checked(path)  # written from these very keys: no read back
+            except FileExistsError:
+                pass  # built first by another process: the same keys, checked when mapped
         except OSError as exc:
             log.warning(
                 "dedup could not write the shared copy %s (%s): keys stay private", path, exc
@@ -176,6 +178,11 @@ class SharedSegments:
             except OSError:
                 continue
         return deleted
+
+    def _mark_checked(self, path: Path) -> None:
+        info = os.stat(path)
+        with _checked_lock:
+            _checked[str(path)] = (info.st_ino, info.st_size, info.st_mtime_ns)
 
     def _needs_check(self, path: Path, info: os.stat_result) -> bool:
         stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
