@@ -547,6 +547,7 @@ def test_the_machines_shared_copies_are_decoded_once_and_answer_as_a_cache_built
     options = {**spec["options"], "numBuckets": "1", "expiryPeriod": "2500"}
     plan = make_plan(tmp_path, spec["schema"], stateCacheDir=str(tmp_path / "local"), **options)
     monkeypatch.setattr(cache_module, "FILTER_FROM_KEYS", filter_from)
+    monkeypatch.setattr(cache_module, "SHARE_FROM_KEYS", 0)  # a window's few keys shared too
     decoded: list[tuple[BucketManager, tuple[str, int]]] = []
     decode = BucketManager._decode
 

@@ -298,6 +298,15 @@ def _add_all(key_filter: KeyFilter, sets: list[KeySet]) -> None:
         key_filter.add(np.concatenate([k.h1 for k in small]), np.concatenate([k.h2 for k in small]))
 
 
+# Segments of fewer keys stay private to a process: a file and a map each cost more than the
+# few bytes they would share (a window's new keys of one bucket, until compaction folds them).
+SHARE_FROM_KEYS = 4096
+
+
+def _shared(segment: Segment) -> bool:
+    return segment.count >= SHARE_FROM_KEYS
+
+
 # A process sweeps the machine's shared copies of dropped segments at most this often.
 _SWEEP_EVERY_SECONDS = 60.0
 
@@ -455,14 +464,18 @@ class BucketManager:
         damaged) copies built from the store first, read in one parallel fetch."""
         opened: list[KeySet | None] = [None] * len(wanted)
         if self.shared is not None:
-            opened = [self.shared.open(segment) for _, segment in wanted]
+            opened = [
+                self.shared.open(segment) if _shared(segment) else None for _, segment in wanted
+            ]
         missing = [i for i, keys in enumerate(opened) if keys is None]
         segments = [wanted[i][1] for i in missing]
         for i, segment, raw in zip(missing, segments, self.store.fetch(segments), strict=True):
             keys = self._decode(raw, segment)
             with self._lock:
                 self._fetched += len(raw)
-            opened[i] = keys if self.shared is None else self.shared.publish(segment, keys)
+            if self.shared is not None and _shared(segment):
+                keys = self.shared.publish(segment, keys)
+            opened[i] = keys
         return [keys for keys in opened if keys is not None]
 
     def read_segments(self, segments: list[Segment]) -> DecodedSegment:

@@ -90,8 +90,8 @@ class SharedSegments:
         self.folder = root / STATE_FOLDER / store_id
         self._usable: bool | None = None
 
-    def path(self, segment: Segment) -> Path:
-        return self.folder / f"{segment.file}@{segment.offset}.keys"
+    def path(self, segment: Segment) -> str:
+        return f"{self.folder}/{segment.file}@{segment.offset}.keys"
 
     @property
     def usable(self) -> bool:
@@ -111,21 +111,20 @@ class SharedSegments:
         file was damaged (then deleted, for the caller to rebuild)."""
         path = self.path(segment)
         try:
-            with open(path, "rb") as handle:
-                info = os.fstat(handle.fileno())
-                if info.st_size < _HEADER.size:
-                    raise _Damaged("shorter than its header")
-                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
-        except (OSError, _Damaged) as exc:
+        except OSError as exc:
             self._discard(path, str(exc))
             return None
         try:
-            keys = _keys_of(mapped, self._needs_check(path, info))
-        except _Damaged as exc:
+            info = os.fstat(fd)
+            keys = _keys_of(_mapped(fd, info, mmap.ACCESS_READ), self._needs_check(path, info))
+        except (OSError, ValueError, _Damaged) as exc:
             self._discard(path, str(exc))
             return None
+        finally:
+            os.close(fd)
         if time.time() - info.st_mtime > _RENEW_SECONDS:
             with contextlib.suppress(OSError):
                 os.utime(path)
@@ -137,24 +136,32 @@ class SharedSegments:
         if not self.usable:
             return keys
         path = self.path(segment)
-        aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        aside = f"{self.folder}/.{segment.file}@{segment.offset}.{uuid.uuid4().hex[:12]}.tmp"
         try:
-            with open(aside, "wb") as handle:
-                for chunk in _encode(keys):
-                    handle.write(chunk)
-            try:
-                os.link(aside, path)
-                self._mark_checked(path)  # written from these very keys: no read back
-            except FileExistsError:
-                pass  # built first by another process: the same keys, checked when mapped
+            fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
-            log.warning(
-                "dedup could not write the shared copy %s (%s): keys stay private", path, exc
-            )
-            return keys
+            return self._private(path, keys, exc)
+        try:
+            _write_all(fd, _encode(keys))
+            info = os.fstat(fd)
+            os.link(aside, path)
+        except FileExistsError:  # built first by another process: the same keys
+            return self.open(segment) or keys
+        except OSError as exc:
+            return self._private(path, keys, exc)
+        else:
+            mapped = _keys_of(_mapped(fd, info, mmap.ACCESS_READ), check=False)
+            self._mark_checked(path, info)  # written from these very keys: no read back
+            return mapped
         finally:
-            aside.unlink(missing_ok=True)
-        return self.open(segment) or keys
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+
+    @staticmethod
+    def _private(path: str, keys: KeySet, exc: OSError) -> KeySet:
+        log.warning("dedup could not write the shared copy %s (%s): keys stay private", path, exc)
+        return keys
 
     def sweep(self, live_files: set[str], now: float | None = None) -> int:
         """Delete the shared files of window files the store no longer lists (and leftovers of
@@ -179,30 +186,48 @@ class SharedSegments:
                 continue
         return deleted
 
-    def _mark_checked(self, path: Path) -> None:
-        info = os.stat(path)
+    def _mark_checked(self, path: str, info: os.stat_result) -> None:
         with _checked_lock:
-            _checked[str(path)] = (info.st_ino, info.st_size, info.st_mtime_ns)
+            _checked[path] = (info.st_ino, info.st_size, info.st_mtime_ns)
 
-    def _needs_check(self, path: Path, info: os.stat_result) -> bool:
+    def _needs_check(self, path: str, info: os.stat_result) -> bool:
         stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
         with _checked_lock:
-            if _checked.get(str(path)) == stamp:
+            if _checked.get(path) == stamp:
                 return False
             if len(_checked) >= _CHECKED_BOUND:
                 _checked.clear()
-            _checked[str(path)] = stamp
+            _checked[path] = stamp
         return True
 
-    def _discard(self, path: Path, why: str) -> None:
+    def _discard(self, path: str, why: str) -> None:
         log.warning("dedup shared copy %s is damaged (%s): rebuilt from the store", path, why)
         with _checked_lock:
-            _checked.pop(str(path), None)
-        path.unlink(missing_ok=True)
+            _checked.pop(path, None)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 class _Damaged(Exception):
     """A shared file that does not hold what its header says (never leaves this module)."""
+
+
+def _write_all(fd: int, chunks: list[bytes | memoryview]) -> None:
+    written = os.writev(fd, chunks)
+    for chunk in chunks:  # a short write (a signal, a huge file): the rest, piece by piece
+        view = memoryview(chunk).cast("B")
+        if written >= len(view):
+            written -= len(view)
+            continue
+        view, written = view[written:], 0
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def _mapped(fd: int, info: os.stat_result, access: int) -> mmap.mmap:
+    if info.st_size < _HEADER.size:
+        raise _Damaged("shorter than its header")
+    return mmap.mmap(fd, info.st_size, access=access)
 
 
 def _encode(keys: KeySet) -> list[bytes | memoryview]:
