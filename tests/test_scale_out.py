@@ -430,3 +430,16 @@ def test_a_key_partitioned_stream_matches_the_model_and_records_each_tasks_share
     state = 16 * manifest.remembered_keys
     for row in history[1:]:
         assert row["state_loaded_max_bytes"] <= 1.2 * state / 4 + 16 * 2_000
+
+
+def test_inspect_says_where_keys_are_placed(tmp_path: Path) -> None:
+    from dedupsink.cli.inspect import placement_text
+
+    old = BucketStore(str(OLD_STORES / "ordered" / "_store")).read()
+    assert old is not None
+    assert placement_text(old.settings).startswith("by fingerprint")
+    schema = pa.schema([("id", pa.int64()), ("n", pa.int64())])
+    plan = start(tmp_path, schema, "r", keys="id", expiryKey="n", expiryPeriod="400")
+    new = plan.store.read()
+    assert new is not None
+    assert "Spark's hash(keys), 16 key shards a time bucket" in placement_text(new.settings)

@@ -227,6 +227,7 @@ def render(data: dict[str, Any]) -> str:
         f"            id {data['store_id']}, format {data['format']}, "
         f"version {data['version']} committed {data['committed']}",
         f"settings    {settings_text(settings)}",
+        f"placement   {placement_text(settings)}",
         f"windows     {data['windows']} committed{_last_window_text(data['last_window'])}",
     ]
     index, disk = data["index"], data["disk"]
@@ -271,6 +272,15 @@ def settings_text(settings: StoreSettings) -> str:
     text = _mode_text(settings)
     output_format = settings.output_format
     return text if output_format == OUTPUT_FORMAT_DEFAULT else f"{text}, ports as {output_format}"
+
+
+def placement_text(settings: StoreSettings) -> str:
+    """Where the store puts a key, and what that gives a key-partitioned input."""
+    if settings.key_hash != "spark":
+        return "by fingerprint (tasks share the buckets: partition_for_dedup groups keys only)"
+    shards = settings.key_shards if settings.key_shards > 1 else settings.bucket_count
+    where = f"{shards} key shards a time bucket" if settings.key_shards > 1 else "hash buckets"
+    return f"by Spark's hash(keys), {where}: a task of partition p of N loads shards s % N == p"
 
 
 def _mode_text(settings: StoreSettings) -> str:
