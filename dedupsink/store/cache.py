@@ -299,8 +299,10 @@ def _add_all(key_filter: KeyFilter, sets: list[KeySet]) -> None:
 
 
 # Segments of fewer keys stay private to a process: a file and a map each cost more than the
-# few bytes they would share (a window's new keys of one bucket, until compaction folds them).
-SHARE_FROM_KEYS = 4096
+# few bytes they would share. At 4,096 the many small segments of a window's tasks (a few
+# thousand keys a bucket each) stayed private, and four task slots held four copies of them
+# (bench/RESULTS.md, "scale_out.py").
+SHARE_FROM_KEYS = 512
 
 
 def _shared(segment: Segment) -> bool:
