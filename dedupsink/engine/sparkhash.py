@@ -53,6 +53,8 @@ _FLOAT_NAN = _U32(0x7FC00000)
 _DOUBLE_NAN = _U64(0x7FF8000000000000)
 # Decimals of at most this many digits hash as their unscaled long (Spark's MAX_LONG_DIGITS).
 _MAX_LONG_DIGITS = 18
+# 2^(8k - 1) for k = 1..8: a non-negative value reaching k of them needs k + 1 bytes with a sign.
+_BYTE_LIMITS = np.array([1 << (8 * k - 1) for k in range(1, 9)], dtype=_U64)
 # Spark's timestamps are microseconds; coarser units convert to them exactly, finer ones do not.
 _MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _SMALL_INTS = {8: "<i1", 16: "<i2", 32: "<i4"}
@@ -140,8 +142,8 @@ def _hash_into(array: pa.Array, h: np.ndarray) -> None:
     if rows == 0 or array.null_count == rows:  # a null type's column too
         return
     valid = None if array.null_count == 0 else array.is_valid().to_numpy(zero_copy_only=False)
-    # Null slots hold arbitrary values: they are hashed with the rest (a mask costs more than
-    # the arithmetic) and their results dropped by _store.
+    # Null slots hold arbitrary values: they are hashed with the rest (selecting the valid rows
+    # first costs more than the arithmetic) and their results dropped at the end.
     if pa.types.is_boolean(kind):
         bits = np.frombuffer(array.buffers()[1], dtype=np.uint8)
         flags = np.unpackbits(bits, bitorder="little")[array.offset : array.offset + rows]
@@ -245,16 +247,22 @@ def _hash_decimals(array: pa.Array, seeds: np.ndarray) -> np.ndarray:
         # The value fits in a long, so the low half of its 128-bit two's complement is the long.
         low_halves = np.frombuffer(array.buffers()[1], dtype="<i8")[::2]
         return _hash_longs(low_halves[array.offset : array.offset + len(array)], seeds)
-    raw = np.frombuffer(array.buffers()[1], dtype=np.uint8)
-    raw = raw[16 * array.offset : 16 * (array.offset + len(array))].reshape(-1, 16)
-    big_endian = np.ascontiguousarray(raw[:, ::-1])
-    # BigInteger.toByteArray drops a leading byte while it only repeats the sign: it equals the
-    # sign byte and the next byte's top bit is the sign bit already. At least one byte is kept.
-    sign = np.where(big_endian[:, :1] >= 0x80, 0xFF, 0x00).astype(np.uint8)
-    redundant = (big_endian[:, :15] == sign) & (((big_endian[:, 1:] ^ sign) & 0x80) == 0)
-    dropped = np.logical_and.accumulate(redundant, axis=1).sum(axis=1, dtype=np.int64)
-    starts = np.arange(len(big_endian), dtype=np.int64) * 16 + dropped
-    return _hash_bytes(big_endian.reshape(-1), starts, 16 - dropped, seeds)
+    halves = np.frombuffer(array.buffers()[1], dtype="<i8")
+    halves = halves[2 * array.offset : 2 * (array.offset + len(array))].reshape(-1, 2)
+    # BigInteger.toByteArray is bitLength / 8 + 1 bytes long, where bitLength is that of the
+    # value with its bits inverted if it is negative; with no sign bit left, the number of
+    # bytes follows from which powers 2^(8k - 1) the high half, or else the low half, reaches.
+    sign = halves[:, 1] >> 63
+    high = (halves[:, 1] ^ sign).view(_U64)
+    low = (halves[:, 0] ^ sign).view(_U64)
+    kept = np.where(
+        high != 0,
+        9 + np.searchsorted(_BYTE_LIMITS, high, side="right"),
+        1 + np.searchsorted(_BYTE_LIMITS, low, side="right"),
+    )
+    big_endian = np.ascontiguousarray(halves.view(np.uint8)[:, ::-1]).reshape(-1)
+    starts = np.arange(16, 16 * len(halves) + 1, 16, dtype=np.int64) - kept
+    return _hash_bytes(big_endian, starts, kept.astype(np.int64), seeds)
 
 
 def _hash_variable(array: pa.Array, seeds: np.ndarray) -> np.ndarray:

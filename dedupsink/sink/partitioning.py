@@ -87,7 +87,9 @@ def _store_layout(settings: Settings, options: DedupOptions) -> Settings:
     try:
         manifest = BucketStore(options.store_path, options.storage_options).read()
     except (DedupError, OSError) as exc:
-        log.info("dedup partitioning for a new store: %s could not be read (%s)", options.store_path, exc)
+        log.info(
+            "dedup partitioning for a new store: %s could not be read (%s)", options.store_path, exc
+        )
         return settings
     return settings if manifest is None else settings.laid_out_as(manifest.settings)
 
@@ -96,6 +98,6 @@ def _default_partitions(df: DataFrame, shards: int) -> int:
     session = df.sparkSession
     try:
         slots = session.sparkContext.defaultParallelism
-    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: Spark's own default
+    except (NotImplementedError, AttributeError):  # Spark Connect has no SparkContext
         slots = int(session.conf.get("spark.sql.shuffle.partitions") or "200")
     return max(1, min(slots, shards))
