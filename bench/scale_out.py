@@ -28,13 +28,16 @@ Measured per run:
   second), by role. *Executor Python* is every Python process but the driver's own: the daemons
   Spark starts and the workers they fork (the tasks). Printed: the executor Python processes'
   peak summed PSS, how many were alive at that peak, the largest single one over the run, and
-  the whole tree's peak PSS (the JVM included);
+  the whole tree's peak PSS (the JVM included); and the peak of the tasks' own processes (the
+  daemon that runs tasks and the workers it forks), without the processes Spark starts on the
+  driver's behalf to create the sink and its writers, about the same size at every master;
 * state, from ``dedupsink.history(output)`` after the run: the window-file bytes of the store
   and the keys it remembers (compare.py's ``dedupsink_measures``); per batch the median and max
   of ``state_loaded_max_bytes`` (the largest task's load), the median ``state_loaded_bytes``
   (all tasks'), the sum of ``state_fetched_bytes`` over the batches after the first (segments
-  read from the store while a copy is on the machine would show here), and the last window's
-  ``state_private_bytes`` and ``state_mapped_bytes``; the bytes of the state folder at the end;
+  read from the store, no copy being on the machine: each new segment should be read about
+  once, by one process), and the last window's ``state_private_bytes`` and
+  ``state_mapped_bytes``; the files and bytes of the state folder at the end;
 * tasks per batch: the tasks of each batch's write stage, from Spark's status tracker (the
   jobs of the query's run); for ``by-key`` runs this is the N that ``partition_for_dedup``
   chose;
@@ -47,8 +50,11 @@ Measured per run:
 The table has a row per run. The last lines are machine-readable:
 ``pss_ratio_local<hi>_vs_local<lo>[mode,partitioning]=<x>``, the executor Python peak PSS at
 the most cores run over the fewest (the target for local[4] over local[1] is at most 1.5), and
-``task_load_ratio[mode,local<n>]=<x>`` for each ``by-key`` run. ``--json FILE`` writes every
-run's record.
+``task_pss_ratio_...``, the same for the tasks' processes alone, and
+``task_load_ratio[mode,local<n>]=<x>`` and ``balance[mode,local<n>]=<x>`` for each ``by-key``
+run. ``task load`` divides bytes of mapped keys by bytes of window files, two encodings of the
+same keys (at ``local[1]``, one task loading every bucket, it reads about 0.55 in Basic Dedup):
+``balance`` compares like with like. ``--json FILE`` writes every run's record.
 
 Usage: ``python bench/scale_out.py [--rows N] [--masters local[1],local[4]] [--modes basic]
 [--partitioning by-key]``; ``--rows 200000 --masters local[1],local[2] --modes basic`` is a
@@ -71,6 +77,7 @@ from common import (
     DATA_DIR,
     DRIVER_ROLE,
     RESULT_PREFIX,
+    SPARK_PYTHON_JOBS,
     CompareSpec,
     LoadSampler,
     TreeSampler,
@@ -96,6 +103,8 @@ MODE_OPTIONS = {
 HASH_MODES = ("basic", "own-time")
 PARTITIONINGS = ("as-read", "by-key")
 MB = 2**20
+# The roles of the daemon that runs tasks (pyspark.worker) and of the workers it forks.
+TASK_ROLE = SPARK_PYTHON_JOBS["pyspark.worker"] + " "
 
 
 # -- one run, in its own process -------------------------------------------------------------
@@ -104,7 +113,8 @@ MB = 2**20
 class ExecutorSampler(TreeSampler):
     """A TreeSampler that also keeps the peak of the executor-side Python processes (every
     Python process but the driver's): their summed PSS, their roles at that peak, the largest
-    single one and the most alive at once."""
+    single one and the most alive at once; and the peak of the tasks' processes alone (the
+    daemon that runs tasks and the workers it forks)."""
 
     def __init__(self, pss_every: int) -> None:
         super().__init__(pss_every=pss_every)
@@ -112,6 +122,7 @@ class ExecutorSampler(TreeSampler):
         self.peak_executor_roles: list[tuple[str, int]] = []
         self.largest_executor = 0
         self.most_executors = 0
+        self.peak_tasks = 0
 
     def _keep_pss(self, roles: list[tuple[str, int]]) -> None:
         super()._keep_pss(roles)
@@ -125,6 +136,8 @@ class ExecutorSampler(TreeSampler):
             self.peak_executor, self.peak_executor_roles = total, executors
         self.largest_executor = max([self.largest_executor, *(size for _, size in executors)])
         self.most_executors = max(self.most_executors, len(executors))
+        tasks = sum(size for role, size in executors if role.startswith(TASK_ROLE))
+        self.peak_tasks = max(self.peak_tasks, tasks)
 
 
 def cores_of(master: str) -> int:
@@ -239,6 +252,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         "peak_executor_python": len(sampler.peak_executor_roles),
         "most_executor_python": sampler.most_executors,
         "largest_executor_pss": sampler.largest_executor,
+        "peak_task_pss": sampler.peak_tasks,
         "end_roles": sampler.end_roles,
     }
     spark.stop()
@@ -327,6 +341,7 @@ COLUMNS = (
     ("s", 7, lambda r: f"{r['seconds']:.1f}"),
     ("rows/s", 9, lambda r: f"{r['rows_per_s']:,.0f}"),
     ("exec py PSS", 12, lambda r: megabytes(r["peak_executor_pss"])),
+    ("task py", 8, lambda r: megabytes(r["peak_task_pss"])),
     ("#py", 4, lambda r: str(r["peak_executor_python"])),
     ("largest", 8, lambda r: megabytes(r["largest_executor_pss"])),
     ("tree PSS", 9, lambda r: megabytes(r["peak_tree_pss"])),
@@ -356,12 +371,13 @@ def print_table(records: list[dict[str, Any]]) -> None:
         print("".join(f"{show(record):>{width}} " for _, width, show in COLUMNS))
     print(
         "(MB = 2^20 bytes. exec py PSS: the peak summed PSS of the Python processes but the "
-        "driver's, #py of them alive then, largest: the largest single one over the run; tree "
-        "PSS: the whole tree's peak, JVM included. state MB: the store's window files; ldmax: "
-        "the largest task's state load per batch, ld med: all tasks' (median); fetched: read "
-        "from the store after the first batch; private/mapped: the last window's; load/share: "
-        "ldmax max / (state MB / tasks); balance: largest task's load / the mean task's, median "
-        "over batches)"
+        "driver's; task py: the peak of the task daemon and its workers alone; #py: the Python "
+        "processes alive at the exec py peak; largest: the largest single one over the run; "
+        "tree PSS: the whole tree's peak, JVM included. state MB: the store's window files; "
+        "ldmax: the largest task's state load per batch, ld med: all tasks' (median); fetched: "
+        "read from the store after the first batch; private/mapped: the last window's; "
+        "load/share: ldmax max / (state MB / tasks); balance: the largest task's load / the "
+        "mean task's, median over batches)"
     )
 
 
@@ -378,20 +394,22 @@ def print_ratios(records: list[dict[str, Any]]) -> None:
     cores = sorted({r["cores"] for r in records})
     if len(cores) > 1:
         low, high = cores[0], cores[-1]
-        for mode, partitioning, slots in by_run:
-            if slots != high or (mode, partitioning, low) not in by_run:
-                continue
-            ratio = (
-                by_run[(mode, partitioning, high)]["peak_executor_pss"]
-                / by_run[(mode, partitioning, low)]["peak_executor_pss"]
-            )
-            print(f"pss_ratio_local{high}_vs_local{low}[{mode},{partitioning}]={ratio:.3f}")
-    for record in records:
-        if record["partitioning"] == "by-key" and record["task_load_ratio"] is not None:
-            print(
-                f"task_load_ratio[{record['mode']},local{record['cores']}]="
-                f"{record['task_load_ratio']:.3f}"
-            )
+        for measure, name in (
+            ("peak_executor_pss", "pss_ratio"),
+            ("peak_task_pss", "task_pss_ratio"),
+        ):
+            for mode, partitioning, slots in by_run:
+                if slots != high or (mode, partitioning, low) not in by_run:
+                    continue
+                ratio = (
+                    by_run[(mode, partitioning, high)][measure]
+                    / by_run[(mode, partitioning, low)][measure]
+                )
+                print(f"{name}_local{high}_vs_local{low}[{mode},{partitioning}]={ratio:.3f}")
+    for measure in ("task_load_ratio", "balance"):
+        for record in records:
+            if record["partitioning"] == "by-key" and record[measure] is not None:
+                print(f"{measure}[{record['mode']},local{record['cores']}]={record[measure]:.3f}")
 
 
 def chosen(text: str, known: tuple[str, ...], what: str) -> list[str]:
