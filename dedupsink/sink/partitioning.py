@@ -95,9 +95,13 @@ def _store_layout(settings: Settings, options: DedupOptions) -> Settings:
 
 
 def _default_partitions(df: DataFrame, shards: int) -> int:
+    """A partition a task slot (Spark's default parallelism; a Spark Connect client, which
+    sees no SparkContext, takes ``spark.sql.shuffle.partitions``), at most ``shards``."""
+    from pyspark.sql.utils import is_remote
+
     session = df.sparkSession
-    try:
-        slots = session.sparkContext.defaultParallelism
-    except (NotImplementedError, AttributeError):  # Spark Connect has no SparkContext
+    if is_remote():
         slots = int(session.conf.get("spark.sql.shuffle.partitions") or "200")
+    else:
+        slots = session.sparkContext.defaultParallelism
     return max(1, min(slots, shards))
