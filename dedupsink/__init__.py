@@ -3,7 +3,8 @@
 Layers, each importing only those before it: ``options``/``errors`` -> ``engine`` (pure
 classification) -> ``store`` (bucket store and cache, fsspec only) -> ``ports`` (Parquet, Delta
 and Iceberg ports) -> ``sink`` (the Spark data source; below the CLI, the only pyspark import)
--> ``cli`` (which starts Spark for ``dedupsink run``).
+and, beside it, ``inspection`` (the operator's questions as typed answers, which the functions
+here return) -> ``cli`` (parses and prints; starts Spark for ``dedupsink run``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dedupsink.options import DedupOptions
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from dedupsink.cli.lookup import LookupResult
-    from dedupsink.cli.report import ReportFile
+    from dedupsink.inspection import LookupResult
+    from dedupsink.inspection.page import ReportFile
 
 __all__ = [
     "DedupDataSource",
@@ -73,8 +74,8 @@ def lookup(
     ``window`` (the version that stored it), ``query_id``, ``batch_id``, ``committed_at``,
     ``stamp`` and ``forgotten_when``; else ``reason``. ``expiry``: the key's expiry value, which
     narrows the search to one time bucket (tupleTime, ordered)."""
-    from dedupsink.cli.inspect import locate
-    from dedupsink.cli.lookup import lookup as lookup_key
+    from dedupsink.inspection import locate
+    from dedupsink.inspection import lookup as lookup_key
 
     location = locate(path, store_path, storage_options)
     return lookup_key(location, key, expiry)
@@ -92,8 +93,8 @@ def report(
     port, duplicate and expired shares, remembered keys, store bytes, latest and expiry points,
     one column a window (groups of windows past 500). ``last``: only the last windows. Returns
     a frozen ``ReportFile`` (``path``, ``store_url``, ``windows``, ``columns``, ``nbytes``)."""
-    from dedupsink.cli.inspect import locate
-    from dedupsink.cli.report import write_report
+    from dedupsink.inspection import locate
+    from dedupsink.inspection.page import write_report
 
     return write_report(locate(path, store_path, storage_options), output, last)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ConfigError",
     "DedupError",
     "DedupOptionError",
     "PortTableError",
@@ -59,3 +60,13 @@ class StoreConflictError(StoreError):
 
 class PortTableError(DedupError):
     """A port table (Delta Lake or Iceberg) cannot be reached, created, matched or committed."""
+
+
+class ConfigError(DedupError):
+    """A job config key, a command argument or a question asked of a store is wrong; the message
+    names the key and where it is."""
+
+    def __init__(self, key: str | None, message: str, where: str | None = None) -> None:
+        self.key = key
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)

@@ -145,3 +145,13 @@ def utc_text(micros: float, zone: bool = True) -> str:
     if moment.microsecond:
         text += f".{moment.microsecond:06d}".rstrip("0")
     return text + (" UTC" if zone else "")
+
+
+def human_bytes(count: int) -> str:
+    """A byte count in decimal units: ``512 B``, ``7.0 kB``, ``1.2 GB``."""
+    size = float(count)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{count} B"

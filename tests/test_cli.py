@@ -27,8 +27,8 @@ import pyarrow.dataset as ds
 import pytest
 from reference import ReferenceDedup, ReferenceSequence
 
-from dedupsink.cli.inspect import locate, report
 from dedupsink.cli.run import remove_checkpoint
+from dedupsink.inspection import inspect_store, locate
 
 ROOT = Path(__file__).resolve().parent.parent
 PORTS = ("unique", "duplicate", "expired", "error")
@@ -221,7 +221,7 @@ def inspect_json(path: Path) -> dict[str, Any]:
 
 def inspect_report(path: Path) -> dict[str, Any]:
     """What ``dedupsink inspect --json`` prints, computed in this process."""
-    return report(locate(str(path)))
+    return inspect_store(locate(str(path))).to_dict()
 
 
 @pytest.fixture
@@ -405,7 +405,7 @@ def test_the_cli_refuses_a_schema_spark_refuses(spark: Any, text: str) -> None:
     from pyspark.sql.types import DataType
 
     from dedupsink.cli.ddl import parse_schema
-    from dedupsink.cli.errors import ConfigError
+    from dedupsink.errors import ConfigError
 
     with pytest.raises(PySparkException):
         DataType.fromDDL(text)

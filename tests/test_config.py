@@ -34,7 +34,6 @@ from servers import S3Server
 
 from dedupsink.cli.config import load_config, parse_config, parse_trigger
 from dedupsink.cli.ddl import parse_schema
-from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.job import checkpoint_for, prepare, spark_has_filesystem
 from dedupsink.cli.main import main
 from dedupsink.cli.run import (
@@ -46,6 +45,7 @@ from dedupsink.cli.run import (
     spark_master,
     summary,
 )
+from dedupsink.errors import ConfigError
 from dedupsink.options import DedupOptions
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.format import Manifest

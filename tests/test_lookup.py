@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 import dedupsink
-from dedupsink.cli.errors import ConfigError
 from dedupsink.cli.lookup import render
 from dedupsink.cli.main import main
 from dedupsink.engine.placement import bucket_of, key_fingerprints
+from dedupsink.errors import ConfigError
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.store import BucketStore
 

@@ -1,4 +1,5 @@
-"""``dedupsink report`` (``cli/report.py``): the store's history as charts in one HTML page.
+"""``dedupsink report`` (``inspection/report.py``, ``inspection/page.py``): the store's history
+as charts in one HTML page.
 
 A real store is written through ``LocalSink`` (no Spark), reported by the command, and opened in
 headless Chromium (Debian's ``chromium``, which ``make test`` installs): the DOM Chromium builds
@@ -25,8 +26,9 @@ import pytest
 
 import dedupsink
 from dedupsink.cli.main import main
-from dedupsink.cli.report import COLOURS, MAX_COLUMNS, columns_of, page
 from dedupsink.engine.classify import PORTS
+from dedupsink.inspection.page import COLOURS, page
+from dedupsink.inspection.report import MAX_COLUMNS, columns_of, digest
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.history import to_table
 from dedupsink.store.records import StoreSettings
@@ -312,7 +314,7 @@ def test_ten_thousand_windows_are_drawn_as_500_columns_well_under_a_megabyte() -
     }  # rows summed over the group ...
     assert columns[0].keys_remembered == 1_000_000 + 50 * 20  # ... the rest as of its last
     assert columns[0].latest_text == "latest 20"
-    text = page(rows, columns, "/data/out/_store", SETTINGS)
+    text = page(digest(rows, "/data/out/_store", SETTINGS))
     assert len(text.encode()) < 400_000
     tree = Tree(text)
     assert len(chart(tree, "rows").iter("g", class_="bar")) == 500
@@ -327,7 +329,7 @@ def test_ten_thousand_windows_are_drawn_as_500_columns_well_under_a_megabyte() -
 
 def test_one_window_is_a_bar_and_a_dot() -> None:
     rows = synthetic(1)
-    tree = Tree(page(rows, columns_of(rows), "/data/out/_store", SETTINGS))
+    tree = Tree(page(digest(rows, "/data/out/_store", SETTINGS)))
     assert len(chart(tree, "rows").iter("g", class_="bar")) == 1
     assert len(chart(tree, "points").iter("circle")) == 2
     assert len(chart(tree, "keys").iter("circle")) == 1

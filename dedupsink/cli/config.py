@@ -9,15 +9,13 @@ an error naming it; relative paths resolve against the current directory.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from dedupsink.cli.errors import ConfigError
-from dedupsink.errors import DedupOptionError
+from dedupsink.errors import ConfigError, DedupOptionError
 from dedupsink.options import (
     ICEBERG_CATALOG_PREFIX,
     PATH,
@@ -25,6 +23,7 @@ from dedupsink.options import (
     STORAGE_OPTION_PREFIX,
     STORE_PATH,
 )
+from dedupsink.store.storage import resolve_path
 from dedupsink.units import parse_duration
 
 __all__ = [
@@ -42,7 +41,6 @@ __all__ = [
     "load_config",
     "parse_config",
     "parse_trigger",
-    "resolve_path",
 ]
 
 SOURCE_FORMAT = "source.format"
@@ -58,7 +56,6 @@ TRIGGER_DEFAULT = "availableNow"
 TRIGGER_ACCEPTED = "availableNow, once, batch, or a processing-time interval such as '10 seconds'"
 
 _KNOWN = {key.lower(): key for key in JOB_KEYS}
-_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _INLINE_COMMENT = re.compile(r"\s+#.*$")
 
 
@@ -223,13 +220,6 @@ def load_config(path: str, overrides: Iterable[str] = ()) -> JobConfig:
     apply_overrides(config, overrides)
     resolve_paths(config)
     return config
-
-
-def resolve_path(value: str) -> str:
-    """A URL with a scheme stays as it is; a plain path becomes absolute (from the cwd)."""
-    if _URL_SCHEME.match(value):
-        return value
-    return os.path.abspath(os.path.expanduser(value))
 
 
 def resolve_paths(config: JobConfig) -> None:

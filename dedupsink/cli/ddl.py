@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from dedupsink.cli.errors import ConfigError
+from dedupsink.errors import ConfigError
 
 __all__ = ["parse_schema"]
 

@@ -1,35 +1,11 @@
-"""Plain-text rendering for the CLI: sizes, durations, expiry points and small tables."""
+"""Plain-text rendering for the CLI: small aligned tables (sizes and times come from
+``dedupsink.units``, points from ``dedupsink.inspection.points``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dedupsink.store.history import point_text as history_point_text
-from dedupsink.store.records import StoreSettings
-from dedupsink.units import utc_text
-
-__all__ = ["human_bytes", "point_text", "table", "utc_text"]
-
-
-def human_bytes(count: int) -> str:
-    size = float(count)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{count} B"
-
-
-def point_text(value: float | None, settings: StoreSettings, categories: Sequence[str]) -> str:
-    """A latest or expiry point in the domain of the expiry key (timestamps made readable), as
-    the history writes it, but for a category, shown with its ordinal."""
-    if value is None:
-        return "none yet"
-    if settings.mode == "categorical" and value >= 0:
-        ordinal = int(value)
-        name = categories[ordinal] if ordinal < len(categories) else "?"
-        return f"{ordinal} ({name!r})"
-    return history_point_text(value, settings, categories) or "none yet"
+__all__ = ["table"]
 
 
 def table(

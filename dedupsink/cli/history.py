@@ -1,9 +1,7 @@
-"""``dedupsink history``: the store's history, one row per committed window, without Spark.
-
-The rows are those of ``spark.read.format("dedup").load(path)`` and ``dedupsink.history()``
-(``store/history.py``). People get a table; ``--json`` prints JSON lines, one object a window
-with the history's column names, ``committed_at`` as ISO-8601 UTC (``...Z``), so a long history
-streams into ``jq`` or ``tail`` without being held whole.
+"""``dedupsink history``: the store's history (``dedupsink.inspection.history``) as a table for
+people, or with ``--json`` as JSON lines, one object a window with the history's column names,
+``committed_at`` as ISO-8601 UTC (``...Z``), so a long history streams into ``jq`` or ``tail``
+without being held whole.
 """
 
 from __future__ import annotations
@@ -15,19 +13,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from dedupsink.cli.display import human_bytes, table
-from dedupsink.cli.inspect import Location
-from dedupsink.store.history import read_history
+from dedupsink.cli.display import table
+from dedupsink.units import human_bytes
 
-__all__ = ["history_table", "json_lines", "render"]
-
-
-def history_table(location: Location, last: int | None = None) -> pa.Table:
-    """The history of the located store; its last ``last`` windows when given."""
-    rows = read_history(location.store())
-    if last is not None and last < rows.num_rows:
-        rows = rows.slice(rows.num_rows - max(last, 0))
-    return rows
+__all__ = ["json_lines", "render"]
 
 
 def json_lines(rows: pa.Table) -> Iterator[str]:

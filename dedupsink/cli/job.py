@@ -36,9 +36,8 @@ from dedupsink.cli.config import (
     parse_trigger,
 )
 from dedupsink.cli.ddl import parse_schema
-from dedupsink.cli.errors import ConfigError
 from dedupsink.engine.settings import Settings, resolve
-from dedupsink.errors import DedupOptionError
+from dedupsink.errors import ConfigError, DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
 from dedupsink.store.format import Manifest
 from dedupsink.store.storage import Storage, basename, join

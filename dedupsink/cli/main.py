@@ -17,23 +17,23 @@ from collections.abc import Sequence
 
 from dedupsink import __version__
 from dedupsink.cli.config import SPARK_PREFIX, load_config
-from dedupsink.cli.display import human_bytes
-from dedupsink.cli.errors import ConfigError
-from dedupsink.cli.history import history_table, json_lines
+from dedupsink.cli.history import json_lines
 from dedupsink.cli.history import render as render_history
-from dedupsink.cli.inspect import locate, render, report, settings_text, to_json
+from dedupsink.cli.inspect import render, settings_text, to_json
 from dedupsink.cli.job import PreparedJob, checkpoint_for, prepare
-from dedupsink.cli.lookup import lookup, parse_pairs
+from dedupsink.cli.lookup import parse_pairs
 from dedupsink.cli.lookup import render as render_lookup
 from dedupsink.cli.lookup import to_json as lookup_json
-from dedupsink.cli.report import write_report
 from dedupsink.cli.run import run, spark_master
 from dedupsink.cli.sparkhome import compiled_spark_home, installed_spark_home
-from dedupsink.errors import DedupError, DedupOptionError
+from dedupsink.errors import ConfigError, DedupError, DedupOptionError
+from dedupsink.inspection import history, inspect_store, locate, lookup
+from dedupsink.inspection.page import write_report
 from dedupsink.options import parse_storage_options
 from dedupsink.store.ownership import describe_owner, now_ms, release
 from dedupsink.store.records import StoreSettings
 from dedupsink.store.storage import parent
+from dedupsink.units import human_bytes
 
 log = logging.getLogger("dedupsink.cli")
 
@@ -210,14 +210,14 @@ def describe(job: PreparedJob) -> list[str]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    data = report(locate(args.path, args.store, _storage_options(args)))
-    print(to_json(data) if args.json else render(data))
+    inspection = inspect_store(locate(args.path, args.store, _storage_options(args)))
+    print(to_json(inspection) if args.json else render(inspection))
     return 0
 
 
 def cmd_history(args: argparse.Namespace) -> int:
     location = locate(args.path, args.store, _storage_options(args))
-    rows = history_table(location, args.last)
+    rows = history(location, args.last)
     if args.json:
         for line in json_lines(rows):
             print(line)

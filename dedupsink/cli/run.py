@@ -27,12 +27,13 @@ from types import FrameType
 from typing import Any, TextIO
 
 from dedupsink.cli.config import SOURCE_PATH
-from dedupsink.cli.display import human_bytes, point_text, table
+from dedupsink.cli.display import table
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES, human_span
 from dedupsink.errors import DedupError, StoreError
+from dedupsink.inspection.points import point_text
 from dedupsink.masking import mask_values, storage_secrets
 from dedupsink.options import DedupOptions, bool_text, default_store_path
 from dedupsink.ports.formats import port_format
@@ -44,6 +45,7 @@ from dedupsink.store.records import WindowCounts, WindowRecord
 from dedupsink.store.storage import Storage
 from dedupsink.store.storage import parent as storage_parent
 from dedupsink.store.store import BucketStore
+from dedupsink.units import human_bytes
 
 log = logging.getLogger("dedupsink.cli")
 

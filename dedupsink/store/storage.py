@@ -37,6 +37,7 @@ __all__ = [
     "basename",
     "join",
     "parent",
+    "resolve_path",
 ]
 
 SUPPORTED = (
@@ -821,3 +822,13 @@ def _first(exc: BaseException) -> str:
 def _protocols(fs_class: type) -> tuple[str, ...]:
     protocol = getattr(fs_class, "protocol", ())
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def resolve_path(value: str) -> str:
+    """A URL with a scheme stays as it is; a plain path becomes absolute (from the cwd)."""
+    if _URL_SCHEME.match(value):
+        return value
+    return os.path.abspath(os.path.expanduser(value))

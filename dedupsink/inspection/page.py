@@ -1,9 +1,9 @@
-"""``dedupsink report``: the store's history drawn as charts in one HTML page, without Spark.
+"""The report's page: a ``ReportData`` drawn as inline SVG charts in one self-contained HTML
+page, and ``write_report``, which writes it (``dedupsink report`` and ``dedupsink.report``).
 
-The rows are ``dedupsink history``'s, drawn as inline SVG: the page fetches nothing (its
-Content-Security-Policy forbids every request), so it opens from a CI artifact as written.
-One column per window in five charts; over ``MAX_COLUMNS`` windows, consecutive windows are
-grouped (rows summed, other series as of the group's last window), so the page stays small.
+The page fetches nothing (its Content-Security-Policy forbids every request), so it opens from
+a CI artifact as written. It is the one rendering the library itself offers, so it lives
+beside the answer it draws; it reads no store and computes no series of its own.
 """
 
 from __future__ import annotations
@@ -14,22 +14,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from dedupsink import __version__
-from dedupsink.cli.display import human_bytes
-from dedupsink.cli.history import history_table
-from dedupsink.cli.inspect import Location
 from dedupsink.engine.classify import PORTS
-from dedupsink.store.records import StoreSettings
-from dedupsink.units import number_text, utc_text
+from dedupsink.inspection.location import Location
+from dedupsink.inspection.report import Column, ReportData, ReportSummary, report_data
+from dedupsink.units import human_bytes, number_text, utc_text
 
-__all__ = ["COLOURS", "MAX_COLUMNS", "Column", "ReportFile", "columns_of", "page", "write_report"]
+__all__ = ["COLOURS", "ReportFile", "page", "write_report"]
 
-MAX_COLUMNS = 500  # 2 px a column on the 1,000 px plots: more would not be seen, only weigh
 # Tableau's colour-blind-safe palette; the port colours are those the tests look for on screen.
 COLOURS = {
     "unique": "#4e79a7",
@@ -75,91 +68,15 @@ class ReportFile:
     nbytes: int
 
 
-@dataclass(frozen=True)
-class Column:
-    """One x position: a window, or a group of consecutive windows (``MAX_COLUMNS``)."""
-
-    first_version: int
-    last_version: int
-    committed_at: datetime  # the last window's
-    counts: dict[str, int]  # rows per port, summed over the group
-    keys_remembered: int
-    store_bytes: int
-    latest_point: float | None
-    expiry_point: float | None
-    latest_text: str | None
-    expiry_text: str | None
-
-    @property
-    def rows(self) -> int:
-        return sum(self.counts.values())
-
-    def share(self, port: str) -> float | None:
-        """The port's percent of the column's rows; None for a column without rows."""
-        return 100.0 * self.counts[port] / self.rows if self.rows else None
-
-    @property
-    def label(self) -> str:
-        if self.first_version == self.last_version:
-            return f"window {self.last_version}"
-        return f"windows {self.first_version}-{self.last_version}"
-
-
-# -- writing -----------------------------------------------------------------------------------
-
-
 def write_report(
     location: Location, output: str, last: int | None = None, now: datetime | None = None
 ) -> ReportFile:
     """Write the page of the located store's history (its last ``last`` windows when given)
     to the local file ``output``."""
-    rows = history_table(location, last)
-    manifest = location.store().read()
-    settings = None if manifest is None else manifest.settings
-    columns = columns_of(rows)
-    text = page(rows, columns, location.store_url, settings, now)
-    data = text.encode("utf-8")
-    Path(output).write_bytes(data)
-    return ReportFile(output, location.store_url, rows.num_rows, len(columns), len(data))
-
-
-def columns_of(rows: pa.Table, max_columns: int = MAX_COLUMNS) -> list[Column]:
-    """The history's windows as at most ``max_columns`` columns of consecutive windows."""
-    count = rows.num_rows
-    if count == 0:
-        return []
-    size = math.ceil(count / max_columns)
-    values = {name: rows.column(name).to_pylist() for name in _COLUMN_NAMES}
-    return [_column(values, start, min(start + size, count)) for start in range(0, count, size)]
-
-
-_COLUMN_NAMES = (
-    "version",
-    "committed_at",
-    *PORTS,
-    "keys_remembered",
-    "store_bytes",
-    "latest_point",
-    "expiry_point",
-    "latest_point_text",
-    "expiry_point_text",
-)
-
-
-def _column(values: Mapping[str, list[Any]], start: int, stop: int) -> Column:
-    end = stop - 1
-    return Column(
-        first_version=values["version"][start],
-        last_version=values["version"][end],
-        committed_at=values["committed_at"][end],
-        counts={port: sum(values[port][start:stop]) for port in PORTS},
-        keys_remembered=values["keys_remembered"][end],
-        store_bytes=values["store_bytes"][end],
-        latest_point=values["latest_point"][end],
-        expiry_point=values["expiry_point"][end],
-        latest_text=values["latest_point_text"][end],
-        expiry_text=values["expiry_point_text"][end],
-    )
+    data = report_data(location, last)
+    encoded = page(data, now).encode("utf-8")
+    Path(output).write_bytes(encoded)
+    return ReportFile(output, location.store_url, data.windows, len(data.columns), len(encoded))
 
 
 # -- the page ------------------------------------------------------------------------------------
@@ -185,26 +102,24 @@ text.missing{font-size:15px;fill:#555}
 """
 
 
-def page(
-    rows: pa.Table,
-    columns: Sequence[Column],
-    store_url: str,
-    settings: StoreSettings | None,
-    now: datetime | None = None,
-) -> str:
-    """The whole HTML page of a history (``columns`` from ``columns_of(rows)``)."""
+def page(data: ReportData, now: datetime | None = None) -> str:
+    """The whole HTML page of a report's answer."""
     now = now or datetime.now(UTC)
-    title = f"dedupsink report: {store_url}"
-    if rows.num_rows == 0:
+    title = f"dedupsink report: {data.store_url}"
+    if data.summary is None:
         body = [
-            f"<h1>Store history of <code>{esc(store_url)}</code></h1>",
+            f"<h1>Store history of <code>{esc(data.store_url)}</code></h1>",
             '<p class="empty">No window committed yet: the store\'s history is empty, so '
             "there is nothing to draw. Run a query into the store, then write the report "
             "again.</p>",
         ]
     else:
-        mode = None if settings is None else settings.mode
-        body = [*_heading(rows, store_url), *_summary(rows, columns), *_charts(columns, mode)]
+        mode = None if data.settings is None else data.settings.mode
+        body = [
+            *_heading(data.summary, data.store_url),
+            *_summary(data.summary, data),
+            *_charts(data.columns, mode),
+        ]
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -229,53 +144,49 @@ def _time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _heading(rows: pa.Table, store_url: str) -> list[str]:
-    count = rows.num_rows
-    first, last = (_row(rows, index)["committed_at"] for index in (0, count - 1))
-    windows = "window" if count == 1 else "windows"
+def _heading(summary: ReportSummary, store_url: str) -> list[str]:
+    windows = "window" if summary.windows == 1 else "windows"
     return [
         f"<h1>Store history of <code>{esc(store_url)}</code></h1>",
-        f'<p class="range">{count} {windows} committed from {esc(_time(first))} to '
-        f"{esc(_time(last))} UTC</p>",
+        f'<p class="range">{summary.windows} {windows} committed from '
+        f"{esc(_time(summary.first_commit))} to {esc(_time(summary.last_commit))} UTC</p>",
     ]
 
 
-def _row(rows: pa.Table, index: int) -> dict[str, Any]:
-    return rows.slice(index, 1).to_pylist()[0]
-
-
-def _summary(rows: pa.Table, columns: Sequence[Column]) -> list[str]:
+def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
     """The table of totals over every window, and how the charts draw them."""
-    first, last = (_row(rows, index) for index in (0, rows.num_rows - 1))
-    totals = {port: int(pc.sum(rows.column(port)).as_py() or 0) for port in PORTS}
-    everything = sum(totals.values())
-    windows = rows.num_rows
+    everything = summary.rows
+    windows = summary.windows
     facts: list[tuple[str, str]] = [
-        ("windows", f"{windows:,} (versions {first['version']:,} to {last['version']:,})"),
-        ("queries", f"{pc.count_distinct(rows.column('query_id')).as_py():,}"),
-        ("first commit", _time(first["committed_at"]) + " UTC"),
-        ("last commit", _time(last["committed_at"]) + " UTC"),
+        (
+            "windows",
+            f"{windows:,} (versions {summary.first_version:,} to {summary.last_version:,})",
+        ),
+        ("queries", f"{summary.queries:,}"),
+        ("first commit", _time(summary.first_commit) + " UTC"),
+        ("last commit", _time(summary.last_commit) + " UTC"),
         ("rows", f"{everything:,}"),
-        ("remembered keys", f"{last['keys_remembered']:,} (after the last window)"),
-        ("store", human_bytes(last["store_bytes"]) + " in live window files"),
-        ("latest point", last["latest_point_text"] or "none"),
-        ("expiry point", last["expiry_point_text"] or "none"),
+        ("remembered keys", f"{summary.keys_remembered:,} (after the last window)"),
+        ("store", human_bytes(summary.store_bytes) + " in live window files"),
+        ("latest point", summary.latest_text or "none"),
+        ("expiry point", summary.expiry_text or "none"),
     ]
     out = ['<table class="summary"><tbody>']
     out += [f"<tr><th>{esc(name)}</th><td>{esc(value)}</td></tr>" for name, value in facts]
     out.append('</tbody></table><table class="ports"><thead><tr><th>port</th>')
     out.append('<th class="n">rows</th><th class="n">share</th></tr></thead><tbody>')
     for port in PORTS:
-        share = 100.0 * totals[port] / everything if everything else 0.0
+        count = summary.totals[port]
+        share = 100.0 * count / everything if everything else 0.0
         out.append(
             f'<tr><td><span class="swatch" style="background:{COLOURS[port]}"></span>{port}</td>'
-            f'<td class="n">{totals[port]:,}</td><td class="n">{share:.1f}%</td></tr>'
+            f'<td class="n">{count:,}</td><td class="n">{share:.1f}%</td></tr>'
         )
     out.append("</tbody></table>")
-    size = math.ceil(windows / len(columns))
+    size = data.group_size
     if size > 1:
         out.append(
-            f'<p class="note">The charts draw {windows:,} windows as {len(columns):,} '
+            f'<p class="note">The charts draw {windows:,} windows as {len(data.columns):,} '
             f"columns of {size:,} consecutive windows each: rows summed, shares of the sums, "
             "keys, bytes and points as of each group's last window.</p>"
         )

@@ -1,0 +1,338 @@
+"""What a store and its ports hold, read from disk without Spark: ``inspect_store`` answers
+``dedupsink inspect`` with an ``Inspection``, whose ``to_dict()`` is what ``--json`` prints.
+
+The store's latest manifest is read through ``BucketStore``, the ports through their format;
+sequence dedup's producers are counted from every segment (one entry a producer)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.engine.fingerprint import Fingerprints
+from dedupsink.engine.sequence import highest_per_producer
+from dedupsink.engine.settings import TIME_BUCKET_MODES
+from dedupsink.inspection.location import Location
+from dedupsink.inspection.points import point_text
+from dedupsink.ports.base import PortFormat
+from dedupsink.store.cache import BucketCache, BucketManager
+from dedupsink.store.format import Manifest
+from dedupsink.store.ownership import now_ms
+from dedupsink.store.records import Owner, StoreSettings, StoreTotals, WindowRecord
+from dedupsink.store.storage import join
+from dedupsink.store.store import BucketStore
+from dedupsink.units import utc_text
+
+__all__ = [
+    "DiskUse",
+    "FencedRun",
+    "Inspection",
+    "LastWindow",
+    "OwnerState",
+    "Point",
+    "PortState",
+    "Producers",
+    "StoreState",
+    "inspect_store",
+]
+
+
+@dataclass(frozen=True)
+class DiskUse:
+    """Window files and their bytes."""
+
+    window_files: int
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window_files": self.window_files, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class Point:
+    """A latest or expiry point: its value in the store's encoding, and as a person reads it."""
+
+    value: float | None
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "text": self.text}
+
+
+@dataclass(frozen=True)
+class LastWindow:
+    """The last committed window: its number (the store's count of committed windows), the
+    version that committed it, and its record."""
+
+    window: int
+    version: int
+    record: WindowRecord
+
+    def to_dict(self) -> dict[str, Any]:
+        wire = self.record.to_wire()
+        return {
+            "window": self.window,
+            "version": self.version,
+            **{name: value for name, value in wire.items() if name != "window"},
+        }
+
+
+@dataclass(frozen=True)
+class OwnerState:
+    """The query run that holds the store, and whether its lease is live."""
+
+    query: str
+    run: str
+    since_version: int
+    heartbeat: str  # UTC text
+    age_seconds: float
+    timeout_seconds: float
+    lease_live: bool
+
+    @classmethod
+    def of(cls, owner: Owner) -> OwnerState:
+        age_ms = now_ms() - owner.heartbeat_ms
+        return cls(
+            query=owner.query,
+            run=owner.run,
+            since_version=owner.since,
+            heartbeat=utc_text(owner.heartbeat_ms * 1000),
+            age_seconds=round(age_ms / 1000, 1),
+            timeout_seconds=owner.timeout_ms / 1000,
+            lease_live=age_ms < owner.timeout_ms,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "run": self.run,
+            "since_version": self.since_version,
+            "heartbeat": self.heartbeat,
+            "age_seconds": self.age_seconds,
+            "timeout_seconds": self.timeout_seconds,
+            "lease_live": self.lease_live,
+        }
+
+
+@dataclass(frozen=True)
+class FencedRun:
+    """A query run that lost the store and may never commit to it again."""
+
+    query: str
+    run: str
+    by: str
+    version: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"query": self.query, "run": self.run, "by": self.by, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Producers:
+    """Sequence dedup: how many producers the store holds, the range of their highest ids."""
+
+    count: int
+    lowest: int | None
+    highest: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "lowest": self.lowest, "highest": self.highest}
+
+
+@dataclass(frozen=True)
+class PortState:
+    """One port: the store's counts of it, where it is, and what its format says of it
+    (``described``: a Delta table's version, an Iceberg table's snapshots, a sink log's
+    entries, with the store version the table holds)."""
+
+    port: str
+    rows: int
+    files: int
+    batches: int
+    path: str | None
+    address: str | None
+    described: Mapping[str, Any]
+
+    @property
+    def table_version(self) -> int | None:
+        return self.described.get("table_version")
+
+    @property
+    def snapshots(self) -> int | None:
+        return self.described.get("snapshots")
+
+    @property
+    def published_version(self) -> int | None:
+        return self.described.get("published_version")
+
+    @property
+    def is_table(self) -> bool:
+        return "table_version" in self.described or "snapshots" in self.described
+
+    def to_dict(self, with_address: bool) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "rows": self.rows,
+            "files": self.files,
+            "batches": self.batches,
+            "path": self.path,
+        }
+        if with_address:
+            entry["address"] = self.address
+        entry.update(self.described)
+        return entry
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """What the store's latest version records."""
+
+    store_id: str
+    format: int
+    committed: str  # UTC text
+    settings: StoreSettings
+    windows: int
+    last_window: LastWindow | None
+    latest: Point
+    expiry_point: Point
+    categories: tuple[str, ...]
+    remembered_keys: int
+    index: DiskUse
+    owner: OwnerState | None
+    fenced: tuple[FencedRun, ...]
+    totals: StoreTotals
+    publication_pending: bool
+    producers: Producers | None  # sequence dedup only
+    ports: tuple[PortState, ...]
+    ports_known: bool  # the output path is known, so each port's format was asked
+
+    def settings_dict(self) -> dict[str, Any]:
+        """The settings as recorded, but ``assume_same_expiry`` None in the modes it does not
+        apply to."""
+        shown = self.settings.to_wire()
+        if self.settings.mode not in TIME_BUCKET_MODES:
+            shown["assume_same_expiry"] = None
+        return shown
+
+    def to_dict(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "store_id": self.store_id,
+            "format": self.format,
+            "committed": self.committed,
+            "settings": self.settings_dict(),
+            "windows": self.windows,
+            "last_window": None if self.last_window is None else self.last_window.to_dict(),
+            "latest": self.latest.to_dict(),
+            "expiry_point": self.expiry_point.to_dict(),
+            "categories": list(self.categories),
+            "remembered_keys": self.remembered_keys,
+            "index": self.index.to_dict(),
+            "owner": None if self.owner is None else self.owner.to_dict(),
+            "fenced": [fence.to_dict() for fence in self.fenced],
+            "totals": self.totals.to_wire(),
+            "publication_pending": self.publication_pending,
+        }
+        if self.producers is not None:
+            result["producers"] = self.producers.to_dict()
+        result["ports"] = {p.port: p.to_dict(self.ports_known) for p in self.ports}
+        return result
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What ``dedupsink inspect`` shows: the store, its output root, its latest version (None:
+    nothing committed yet, and ``state`` None), its window files on disk, and its state."""
+
+    store: str
+    output: str | None
+    version: int | None
+    disk: DiskUse
+    state: StoreState | None
+
+    def to_dict(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "store": self.store,
+            "output": self.output,
+            "version": self.version,
+            "disk": self.disk.to_dict(),
+        }
+        if self.state is not None:
+            result.update(self.state.to_dict())
+        return result
+
+
+def inspect_store(location: Location) -> Inspection:
+    """What the located store and its ports hold."""
+    store = location.store()
+    manifest = store.read()
+    disk = DiskUse(*store.disk_usage())
+    if manifest is None:
+        return Inspection(store.url, location.output_url, None, disk, None)
+    state = _store_state(store, manifest, location.ports(manifest))
+    return Inspection(store.url, location.output_url, manifest.version, disk, state)
+
+
+def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | None) -> StoreState:
+    settings = manifest.settings
+    categories = tuple(manifest.categories)
+    expiry = settings.expiry_point(manifest.latest)
+    return StoreState(
+        store_id=manifest.store_id,
+        format=manifest.format,
+        committed=utc_text(manifest.committed_ms // 1000 * 1_000_000),
+        settings=settings,
+        windows=manifest.totals.windows,
+        last_window=_last_window(manifest),
+        latest=Point(manifest.latest, point_text(manifest.latest, settings, categories)),
+        expiry_point=Point(expiry, point_text(expiry, settings, categories)),
+        categories=categories,
+        remembered_keys=manifest.remembered_keys,
+        index=DiskUse(len(manifest.files), sum(f.nbytes for f in manifest.files.values())),
+        owner=None if manifest.owner is None else OwnerState.of(manifest.owner),
+        fenced=tuple(FencedRun(f.query, f.run, f.by, f.version) for f in manifest.fenced),
+        totals=manifest.totals,
+        publication_pending=manifest.publication is not None
+        and ports is not None
+        and not ports.is_published(manifest.publication, manifest.store_id),
+        producers=_producers(store, manifest) if settings.mode == "sequence" else None,
+        ports=_port_states(manifest, ports),
+        ports_known=ports is not None,
+    )
+
+
+def _last_window(manifest: Manifest) -> LastWindow | None:
+    last = manifest.last_window
+    return None if last is None else LastWindow(manifest.totals.windows, last.version, last)
+
+
+def _producers(store: BucketStore, manifest: Manifest) -> Producers:
+    """Every segment read: one entry a producer, few next to a key mode's keys."""
+    reader = BucketManager(store, BucketCache(1), np.dtype(np.int64)).use(manifest)
+    segments = [segment for kept in manifest.buckets.values() for segment in kept]
+    keys = reader.read_segments(segments)
+    if keys.stamps is None or len(keys.h1) == 0:
+        return Producers(0, None, None)
+    _, highest = highest_per_producer(Fingerprints(keys.h1, keys.h2), keys.stamps)
+    return Producers(len(highest), int(highest.min()), int(highest.max()))
+
+
+def _port_states(manifest: Manifest, ports: PortFormat | None) -> tuple[PortState, ...]:
+    output_url = None if ports is None else ports.output.url
+    states = []
+    for port in PORTS:
+        recorded = manifest.ports.get(port)
+        states.append(
+            PortState(
+                port=port,
+                rows=recorded.rows if recorded else 0,
+                files=recorded.files if recorded else 0,
+                batches=recorded.next_log if recorded else 0,
+                path=join(output_url, port) if output_url else None,
+                address=None if ports is None else ports.address(port),
+                described={} if ports is None else ports.describe(port, manifest.store_id),
+            )
+        )
+    return tuple(states)

@@ -1,0 +1,88 @@
+"""The folders are the layers: each imports only the layers below it, and the command line only
+parses and prints the answers of ``dedupsink.inspection``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "dedupsink"
+# Lowest first: a module may import its own layer and those before it, never one after.
+LAYERS = ("top", "engine", "store", "ports", "sink", "inspection", "cli")
+TOP_LEVEL = ("options", "errors", "units", "masking", "runtime")
+# The questions' layer holds what the command line once did of its own.
+NOT_FOR_THE_CLI = (
+    "dedupsink.store.cache",
+    "dedupsink.engine.fingerprint",
+    "dedupsink.engine.keyset",
+)
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).glob("*.py"))
+
+
+def imported(path: Path) -> set[str]:
+    """Every dedupsink module ``path`` imports, at its top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name == "dedupsink" or name.startswith("dedupsink.")}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in TOP_LEVEL:
+        return "top"
+    return parts[1]
+
+
+@pytest.mark.parametrize("folder", LAYERS[1:])
+def test_each_layer_imports_only_the_layers_below_it(folder: str) -> None:
+    rank = LAYERS.index(folder)
+    upward = {
+        f"{path.name}: {module}"
+        for path in modules(folder)
+        for module in imported(path)
+        if module != "dedupsink" and LAYERS.index(layer_of(module)) > rank
+    }
+    # The sink and the questions are siblings: neither needs the other.
+    if folder == "inspection":
+        upward |= {
+            f"{path.name}: {m}"
+            for path in modules(folder)
+            for m in imported(path)
+            if layer_of(m) == "sink"
+        }
+    assert upward == set()
+
+
+def test_the_cli_reads_no_buckets_and_fingerprints_no_keys() -> None:
+    found = {
+        f"{path.name}: {module}"
+        for path in modules("cli")
+        for module in imported(path)
+        if module in NOT_FOR_THE_CLI
+    }
+    assert found == set()
+
+
+def test_no_cli_function_takes_or_returns_a_loose_dictionary() -> None:
+    loose = []
+    for path in modules("cli"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            annotations = [arg.annotation for arg in node.args.args] + [node.returns]
+            if any(a is not None and "dict[str, Any]" in ast.unparse(a) for a in annotations):
+                loose.append(f"{path.name}: {node.name}")
+    assert loose == []
+
+
+def test_the_public_api_imports_nothing_from_the_cli() -> None:
+    assert {m for m in imported(PACKAGE / "__init__.py") if m.startswith("dedupsink.cli")} == set()
