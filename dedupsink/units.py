@@ -147,6 +147,21 @@ def utc_text(micros: float, zone: bool = True) -> str:
     return text + (" UTC" if zone else "")
 
 
+def iso_utc(moment: datetime) -> str:
+    """A moment as the JSON outputs write times: ISO-8601 in UTC, to the millisecond
+    (``2026-11-28T19:51:48.120Z``)."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def micros_since_epoch(moment: datetime) -> int:
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def utc_moment(millis: int) -> datetime:
+    """Milliseconds since the epoch as an aware UTC datetime."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=millis)
+
+
 def human_bytes(count: int) -> str:
     """A byte count in decimal units: ``512 B``, ``7.0 kB``, ``1.2 GB``."""
     size = float(count)

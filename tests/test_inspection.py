@@ -50,7 +50,7 @@ def test_the_inspection_is_typed(location: Location) -> None:
         8,
     )
     assert state.last_window is not None
-    assert (state.last_window.window, state.last_window.version) == (8, 9)
+    assert state.last_window.window == 9
     assert (state.last_window.record.query, state.last_window.record.batch) == (SECOND_QUERY, 3)
     assert state.latest.text == "2014-12-31 07:55:00 UTC"
     assert state.expiry_point.text == "2014-12-30 07:55:00 UTC"

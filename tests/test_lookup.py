@@ -102,7 +102,7 @@ def test_fingerprint_and_bucket_are_the_classifiers(basic_store: Path) -> None:
 def test_basic_cli_text_and_json(basic_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = cli([str(basic_store), "id=12", "name=n12"], capsys)
     assert code == 0 and err == ""
-    assert "remembered  yes, since version 2 (query local-query, batch 1, committed" in out
+    assert "remembered  yes, since window 2 (query local-query, batch 1, committed" in out
     assert "forgotten   never" in out
     code, out, _ = cli([str(basic_store), "id=99", "name=x", "--json"], capsys)
     data = json.loads(out)

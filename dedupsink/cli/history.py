@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from dedupsink.cli.display import table
-from dedupsink.units import human_bytes
+from dedupsink.units import human_bytes, iso_utc
 
 __all__ = ["json_lines", "render"]
 
@@ -26,7 +26,7 @@ def json_lines(rows: pa.Table) -> Iterator[str]:
 
 def _json_value(value: Any) -> Any:
     if isinstance(value, datetime):
-        return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return iso_utc(value)
     return value
 
 

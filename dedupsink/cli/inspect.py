@@ -4,6 +4,7 @@ or as the JSON of its ``to_dict()`` for machines."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 from dedupsink.cli.display import table
 from dedupsink.engine.classify import PORTS
@@ -18,7 +19,7 @@ from dedupsink.inspection.state import (
 )
 from dedupsink.options import ASSUME_SAME_EXPIRY, OUTPUT_FORMAT_DEFAULT, bool_text
 from dedupsink.store.records import StoreSettings
-from dedupsink.units import human_bytes
+from dedupsink.units import human_bytes, micros_since_epoch, utc_text
 
 __all__ = ["placement_text", "render", "settings_text", "to_json"]
 
@@ -37,7 +38,7 @@ def render(inspection: Inspection) -> str:
     settings = state.settings
     lines += [
         f"            id {state.store_id}, format {state.format}, "
-        f"version {inspection.version} committed {state.committed}",
+        f"version {inspection.version} committed {_second(state.committed)}",
         f"settings    {settings_text(settings)}",
         f"placement   {placement_text(settings)}",
         f"windows     {state.windows} committed{_last_window_text(state.last_window)}",
@@ -60,6 +61,10 @@ def render(inspection: Inspection) -> str:
         lines.append("            the last window's ports are not fully published yet")
     lines += _ports_text(inspection.output, state)
     return "\n".join(lines)
+
+
+def _second(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _producers_text(producers: Producers) -> str:
@@ -115,7 +120,10 @@ def _last_window_text(last: LastWindow | None) -> str:
         return ""
     counts = last.record.counts.as_dict()
     text = " ".join(f"{port}={counts.get(port, 0)}" for port in PORTS)
-    return f"; the last was batch {last.record.batch} of query {last.record.query}: {text}"
+    record = last.record
+    return (
+        f"; the last was window {last.window}, batch {record.batch} of query {record.query}: {text}"
+    )
 
 
 def _owner_text(owner: OwnerState | None) -> str:
@@ -128,7 +136,7 @@ def _owner_text(owner: OwnerState | None) -> str:
     )
     return (
         f"query {owner.query} (run {owner.run or '-'}, since version "
-        f"{owner.since_version}), last commit {owner.heartbeat} "
+        f"{owner.since_version}), last commit {utc_text(micros_since_epoch(owner.heartbeat))} "
         f"({owner.age_seconds:.0f}s ago; {state})"
     )
 

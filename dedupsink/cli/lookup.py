@@ -37,7 +37,7 @@ def render(result: LookupResult) -> str:
         lines.append(f"remembered  no: {result.reason}")
         lines += _verdict_lines(result)
         return "\n".join(lines)
-    since = f"version {result.window}"
+    since = f"window {result.window}"
     if result.window_is_upper_bound:
         since += " or earlier (its file holds keys a compaction folded from older windows)"
     if result.batch_id is not None and result.committed_at is not None:
@@ -45,7 +45,7 @@ def render(result: LookupResult) -> str:
         when = utc_text((moment - _EPOCH) // dt.timedelta(microseconds=1))
         since += f" (query {result.query_id}, batch {result.batch_id}, committed {when})"
     if result.mode == "sequence":  # one entry a producer, rewritten by each window's fold
-        lines.append(f"remembered  yes, its entry in the window file of version {result.window}")
+        lines.append(f"remembered  yes, its entry in the file of window {result.window}")
         lines.append(
             f"highest id  {result.stamp_text}: a row of this producer is unique only with a "
             "higher sequence id"

@@ -255,7 +255,7 @@ class WindowWatcher:
         if manifest.settings.mode == "sequence":
             state = f"{window.new_keys} new producers"
         print(
-            f"batch {window.batch:>3} (window {manifest.totals.windows}): "
+            f"batch {window.batch:>3} (window {window.version}): "
             f"{window.counts.total:>5} rows  {ports}  | {state}",
             file=self.out,
             flush=True,
@@ -278,7 +278,7 @@ def jump_warning(manifest: Manifest, before: float | None) -> str | None:
     expiry = settings.expiry_point(after)
     categories = manifest.categories
     return (
-        f"window {manifest.totals.windows} moved the latest point from "
+        f"window {manifest.version} moved the latest point from "
         f"{point_text(before, settings, categories)} to {point_text(after, settings, categories)}, "
         f"more than expiryPeriod ({human_span(period, settings.mode)}): rows at or before "
         f"{point_text(expiry, settings, categories)} now go to expired/ and the keys remembered "

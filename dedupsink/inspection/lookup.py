@@ -32,6 +32,7 @@ from dedupsink.inspection.points import point_text
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest, Segment
 from dedupsink.store.history import read_history
+from dedupsink.units import iso_utc
 
 __all__ = ["LookupResult", "lookup"]
 
@@ -377,7 +378,7 @@ def _history_of(location: Location, manifest: Manifest, window: int) -> dict[str
     return {
         "query_id": row["query_id"],
         "batch_id": row["batch_id"],
-        "committed_at": committed.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "committed_at": iso_utc(committed),
         "window_is_upper_bound": held > int(row["keys_added"] or 0),
     }
 

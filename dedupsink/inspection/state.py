@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner, StoreSettings, StoreTotals, WindowRecord
 from dedupsink.store.storage import join
 from dedupsink.store.store import BucketStore
-from dedupsink.units import utc_text
+from dedupsink.units import iso_utc, utc_moment
 
 __all__ = [
     "DiskUse",
@@ -65,20 +66,17 @@ class Point:
 
 @dataclass(frozen=True)
 class LastWindow:
-    """The last committed window: its number (the store's count of committed windows), the
-    version that committed it, and its record."""
+    """The last committed window's record; its number, ``window``, is the version its commit
+    created, as every command and the history number windows."""
 
-    window: int
-    version: int
     record: WindowRecord
 
+    @property
+    def window(self) -> int:
+        return self.record.version
+
     def to_dict(self) -> dict[str, Any]:
-        wire = self.record.to_wire()
-        return {
-            "window": self.window,
-            "version": self.version,
-            **{name: value for name, value in wire.items() if name != "window"},
-        }
+        return self.record.to_wire()
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,7 @@ class OwnerState:
     query: str
     run: str
     since_version: int
-    heartbeat: str  # UTC text
+    heartbeat: datetime  # the owner's last commit
     age_seconds: float
     timeout_seconds: float
     lease_live: bool
@@ -100,7 +98,7 @@ class OwnerState:
             query=owner.query,
             run=owner.run,
             since_version=owner.since,
-            heartbeat=utc_text(owner.heartbeat_ms * 1000),
+            heartbeat=utc_moment(owner.heartbeat_ms),
             age_seconds=round(age_ms / 1000, 1),
             timeout_seconds=owner.timeout_ms / 1000,
             lease_live=age_ms < owner.timeout_ms,
@@ -111,7 +109,7 @@ class OwnerState:
             "query": self.query,
             "run": self.run,
             "since_version": self.since_version,
-            "heartbeat": self.heartbeat,
+            "heartbeat": iso_utc(self.heartbeat),
             "age_seconds": self.age_seconds,
             "timeout_seconds": self.timeout_seconds,
             "lease_live": self.lease_live,
@@ -192,7 +190,7 @@ class StoreState:
 
     store_id: str
     format: int
-    committed: str  # UTC text
+    committed: datetime  # when the latest version was committed
     settings: StoreSettings
     windows: int
     last_window: LastWindow | None
@@ -221,7 +219,7 @@ class StoreState:
         result: dict[str, Any] = {
             "store_id": self.store_id,
             "format": self.format,
-            "committed": self.committed,
+            "committed": iso_utc(self.committed),
             "settings": self.settings_dict(),
             "windows": self.windows,
             "last_window": None if self.last_window is None else self.last_window.to_dict(),
@@ -282,7 +280,7 @@ def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | Non
     return StoreState(
         store_id=manifest.store_id,
         format=manifest.format,
-        committed=utc_text(manifest.committed_ms // 1000 * 1_000_000),
+        committed=utc_moment(manifest.committed_ms),
         settings=settings,
         windows=manifest.totals.windows,
         last_window=_last_window(manifest),
@@ -305,7 +303,7 @@ def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | Non
 
 def _last_window(manifest: Manifest) -> LastWindow | None:
     last = manifest.last_window
-    return None if last is None else LastWindow(manifest.totals.windows, last.version, last)
+    return None if last is None else LastWindow(last)
 
 
 def _producers(store: BucketStore, manifest: Manifest) -> Producers:

@@ -90,7 +90,7 @@ class CommitReport:
         if self.assume_same_expiry is not None:
             setting = f" | {ASSUME_SAME_EXPIRY}={bool_text(self.assume_same_expiry)}"
         return (
-            f"dedup window {self.windows} (batch {self.batch_id}, version {self.version}): "
+            f"dedup window {self.version} (batch {self.batch_id}): "
             f"{self.counts.text()} | store "
             f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
             f" | {self.state.text()} | cache hits {hit}{setting}"
@@ -135,7 +135,7 @@ def commit_window(
     _after_publication(plan, committed, done, staged, writer)
     report = _report(plan, committed, done, writer, batch_id)
     log.info(report.line())
-    log.debug("dedup window %s: state held by process %s", report.windows, report.held_text())
+    log.debug("dedup window %s: state held by process %s", report.version, report.held_text())
     return report
 
 
