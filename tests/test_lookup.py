@@ -181,9 +181,22 @@ def test_missing_and_unknown_columns(basic_store: Path, capsys: pytest.CaptureFi
     code, _, err = cli([str(basic_store), "id=1"], capsys)
     assert code == 2 and "missing key column name" in err and err.count("\n") == 1
     code, _, err = cli([str(basic_store), "id=1", "name=a", "other=2"], capsys)
-    assert code == 2 and "other: not a key column" in err
+    assert code == 2 and "other is not a key column (the store's keys: id, name)" in err
     code, _, err = cli([str(basic_store), "id"], capsys)
     assert code == 2 and "COLUMN=VALUE" in err
+
+
+def test_a_misspelt_key_column_is_named_with_what_it_likely_meant(
+    basic_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(p.relative_to(basic_store) for p in basic_store.rglob("*"))
+    code, out, err = cli([str(basic_store), "id=1", "nmae=a"], capsys)
+    assert (code, out) == (2, "")
+    assert err == (
+        "dedupsink: error: missing key column name; nmae is not a key column (did you mean "
+        "name?) (the store's keys: id, name)\n"
+    )
+    assert sorted(p.relative_to(basic_store) for p in basic_store.rglob("*")) == before
 
 
 def test_bad_timestamp_and_unsupported_type(

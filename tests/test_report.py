@@ -379,5 +379,8 @@ def test_the_python_function_and_the_commands_errors(
     assert written.nbytes == target.stat().st_size
     code, _, err = report([str(tmp_path / "nothing"), "-o", str(target)], capsys)
     assert code == 2 and err.count("\n") == 1 and "no dedup store" in err
-    code, _, err = report([str(time_store), "-o", str(tmp_path / "no" / "dir.html")], capsys)
-    assert code == 1 and err.startswith("dedupsink: error: ") and err.count("\n") == 1
+    missing = tmp_path / "no" / "dir.html"
+    code, out, err = report([str(time_store), "-o", str(missing)], capsys)
+    assert (code, out) == (2, "")
+    assert err == f"dedupsink: error: cannot write {missing}: no folder {missing.parent}\n"
+    assert not missing.parent.exists()

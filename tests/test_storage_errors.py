@@ -8,6 +8,7 @@ runs), and one of them through Spark, with the output left untouched.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pyspark.errors import StreamingQueryException
 from servers import Azurite, S3Server, free_port
 from streams import files_under, start_stream, write_batches
 
+from dedupsink.cli.main import main
 from dedupsink.errors import DedupOptionError
 from dedupsink.sink.local import LocalSink
 
@@ -119,6 +121,32 @@ def test_an_endpoint_where_nothing_listens_is_refused_with_the_secret_masked(
     assert error.option == "path" and "s3://bucket/out" in str(error)
     assert f"a reachable S3 endpoint: nothing answers at {endpoint}" in str(error)
     assert "AKIAEXAMPLE" not in str(error)  # the credentials are masked, the endpoint shown
+
+
+@pytest.mark.parametrize("credentials", [True, False], ids=["with-credentials", "without"])
+def test_a_dead_endpoint_is_said_at_once_and_before_any_word_on_credentials(
+    credentials: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refused connection is reported without the client's retries, and with no credentials
+    anywhere either, the endpoint is what is wrong first."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    given = ["--fs", f"endpoint_url={endpoint}"]
+    if credentials:
+        given += ["--fs", "key=AKIAEXAMPLE", "--fs", f"secret={SECRET}"]
+    started = time.monotonic()
+    code = main(["inspect", "s3://bucket/out", *given])
+    elapsed = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err == (
+        "dedupsink: error: option PATH='s3://bucket/out' is invalid: expected a reachable S3 "
+        f"endpoint: nothing answers at {endpoint} (fs.endpoint_url) (connection refused)\n"
+    )
+    assert elapsed < 2.0, elapsed  # the client's own retries take 7 to 11 seconds
 
 
 def test_a_bucket_that_does_not_exist_is_refused(s3: S3Server) -> None:

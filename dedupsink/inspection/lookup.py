@@ -11,8 +11,9 @@ window reported is an upper bound (``window_is_upper_bound``).
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -277,21 +278,28 @@ def _key_table(settings: Settings, values: Mapping[str, Any]) -> pa.Table:
     missing = [name for name in settings.keys if name not in values]
     unknown = [name for name in values if name not in settings.keys]
     wanted = ", ".join(settings.keys)
+    strangers = "; ".join(_not_a_key(name, missing or list(settings.keys)) for name in unknown)
     if missing:
+        plural = "s" if len(missing) > 1 else ""
+        also = f"; {strangers}" if strangers else ""
         raise ConfigError(
             "COLUMN=VALUE",
-            f"missing key column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"(the store's keys: {wanted})",
+            f"missing key column{plural} {', '.join(missing)}{also} (the store's keys: {wanted})",
         )
     if unknown:
-        raise ConfigError(
-            "COLUMN=VALUE", f"{', '.join(unknown)}: not a key column of the store (keys: {wanted})"
-        )
+        raise ConfigError("COLUMN=VALUE", f"{strangers} (the store's keys: {wanted})")
     arrays = [
         _parse(name, _arrow_type(name, kind), values[name])
         for name, kind in zip(settings.keys, settings.key_types, strict=True)
     ]
     return pa.Table.from_arrays(arrays, names=list(settings.keys))
+
+
+def _not_a_key(name: str, candidates: Sequence[str]) -> str:
+    """An unknown column named, with the key column it most likely meant."""
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{name} is not a key column{hint}"
 
 
 def _expiry_of(settings: Settings, row: pa.Table, given: Any, manifest: Manifest) -> float | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dedupsink import __version__
 from dedupsink.engine.classify import PORTS
+from dedupsink.errors import ConfigError
 from dedupsink.inspection.location import Location
 from dedupsink.inspection.report import Column, ReportData, ReportSummary, report_data
 from dedupsink.units import human_bytes, number_text, utc_text
@@ -73,9 +74,16 @@ def write_report(
 ) -> ReportFile:
     """Write the page of the located store's history (its last ``last`` windows when given)
     to the local file ``output``."""
+    target = Path(output)
+    if not target.parent.is_dir():  # before the history is read: nothing done for nothing
+        raise ConfigError("--output", f"cannot write {output}: no folder {target.parent}")
     data = report_data(location, last)
     encoded = page(data, now).encode("utf-8")
-    Path(output).write_bytes(encoded)
+    try:
+        target.write_bytes(encoded)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError("--output", f"cannot write {output}: {reason}") from exc
     return ReportFile(output, location.store_url, data.windows, len(data.columns), len(encoded))
 
 

@@ -15,6 +15,7 @@ import errno
 import inspect
 import os
 import re
+import socket
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
+from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -47,6 +49,9 @@ SUPPORTED = (
 # multipart copy, which fs.cp_file does.
 _S3_SINGLE_COPY_LIMIT = 5 * 2**30
 _S3_DELETE_BATCH = 1000
+# How long the check of a query's start waits for a TCP connection to an endpoint set in the
+# options: a refused one fails at once, a silent host after this.
+_CONNECT_SECONDS = 2.0
 # What fsspec reads as a glob pattern in a path given to rm, copy or mv.
 _GLOB_CHARS = re.compile(r"[*?[]")
 _S3_CONFLICT_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds before each retry of a 409
@@ -509,6 +514,8 @@ class HdfsStorage(Storage):
 class ObjectStorage(Storage):
     """Object stores: no folders, no rename; a conditional PUT and a server-side copy."""
 
+    service = "object store"  # in errors: "a reachable S3 endpoint"
+
     def folders(self, folder: str) -> list[str]:
         return []  # a "folder" is a name prefix: nothing is left once its files are deleted
 
@@ -542,6 +549,12 @@ class ObjectStorage(Storage):
         self.delete(files)
 
     def check_reachable(self, option: str) -> None:
+        silent = self.silent_endpoint()
+        if silent is not None:
+            # Before any request: the client retries a refused connection for seconds, and
+            # asks for credentials before it connects at all.
+            secrets = storage_secrets(self.options)
+            raise DedupOptionError(option, mask_values(self.url, secrets), silent)
         bucket = self.root.split("/", 1)[0]
         try:
             self.fs.info(bucket)
@@ -576,6 +589,24 @@ class ObjectStorage(Storage):
         """Where the client sends its requests, when set (shown in errors)."""
         return None
 
+    def silent_endpoint(self) -> str | None:
+        """What is accepted, when nothing listens at the endpoint set (one TCP connection, at
+        most ``_CONNECT_SECONDS``); None when it answers or none is set."""
+        endpoint = self.endpoint()
+        if not endpoint or not endpoint.startswith(("http://", "https://")):
+            return None
+        where = urlsplit(endpoint)
+        port = where.port or (443 if where.scheme == "https" else 80)
+        try:
+            with socket.create_connection((where.hostname or "", port), _CONNECT_SECONDS):
+                return None
+        except OSError as exc:
+            named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
+            why = "connection refused" if isinstance(exc, ConnectionRefusedError) else _first(exc)
+            return (
+                f"a reachable {self.service} endpoint: nothing answers at {endpoint}{named} ({why})"
+            )
+
     def client_problem(self, exc: BaseException) -> str | None:
         """What is accepted, for a failure particular to the client (credentials, endpoint)."""
         return None
@@ -589,6 +620,7 @@ class S3Storage(ObjectStorage):
     """Amazon S3 and compatible servers through s3fs."""
 
     family = "s3"
+    service = "S3"
     protocols = ("s3", "s3a")
     example_options = ("endpoint_url", "key", "secret")
 
@@ -751,6 +783,7 @@ class GcsStorage(ObjectStorage):
     """Google Cloud Storage through gcsfs."""
 
     family = "gcs"
+    service = "GCS"
     protocols = ("gs", "gcs")
     more_option_names = ("memmove_max_workers",)
     example_options = ("project", "token", "endpoint_url")
@@ -766,6 +799,7 @@ class AzureStorage(ObjectStorage):
     """Azure Blob Storage and ADLS Gen2 through adlfs."""
 
     family = "azure"
+    service = "Azure Blob"
     protocols = ("abfs", "az", "abfss")
     example_options = ("account_name", "account_key", "connection_string")
 
