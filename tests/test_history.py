@@ -149,6 +149,29 @@ def test_one_row_per_window_with_the_commits_counts(tmp_path: Path) -> None:
         dedupsink.history(str(tmp_path / "nothing"))
 
 
+def test_each_window_records_its_error_rows_by_reason(tmp_path: Path) -> None:
+    """Counted in the tasks by reason, summed by the commit, most first; a window without
+    error rows has none."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+    out = tmp_path / "out"
+    options = {"path": str(out), "keys": "id", "expiryKey": "ts", "expiryPeriod": "1 hour"}
+    sink = LocalSink(options, schema)
+    moment = pa.scalar(1_700_000_000_000_000, pa.timestamp("us", tz="UTC")).as_py()
+    rows = pa.table(
+        {"id": [1, None, 3, None, None, 6], "ts": [moment, moment, None, None, moment, None]},
+        schema=schema,
+    )
+    sink.window(0, rows, partitions=2)
+    sink.window(1, pa.table({"id": [7], "ts": [moment]}, schema=schema))
+    first, second = dedupsink.history(str(out)).column("error_reasons").to_pylist()
+    assert first == [
+        {"reason": "null key column 'id'", "rows": 3},
+        {"reason": "null expiry value in 'ts'", "rows": 2},
+    ]
+    assert second == []
+    assert sum(entry["rows"] for entry in first) == dedupsink.history(str(out))["error"][0].as_py()
+
+
 def test_a_commit_folds_the_records_it_wrote_without_reading_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -252,14 +252,14 @@ def test_chromium_draws_a_bar_and_a_dot_a_window(
         (points,) = svg.iter("polyline")[:1]
         assert len(points.attrs["points"].split()) == WINDOWS
     ticks = [t.all_text() for t in chart(dom, "points").iter("g", class_="axis y")[0].iter("text")]
-    assert "05-01 12:00" in ticks  # a time axis, in UTC
+    assert "2024-05-01 12:00" in ticks  # a time axis, in UTC, dated with the year
 
     shot = tmp_path / "report.png"
     chromium(
-        tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,2300", target.as_uri()
+        tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,5000", target.as_uri()
     )
     pixels = decode_png(shot.read_bytes())
-    assert pixels.shape == (2300, 1200, 3)
+    assert pixels.shape == (5000, 1200, 3)
     white = (pixels == 255).all(axis=2)
     assert 0.03 < 1 - white.mean() < 0.6  # drawn, and not a page of one colour
     for name in (*PORTS, "keys_remembered", "store_bytes", "latest_point", "expiry_point"):
@@ -269,6 +269,92 @@ def test_chromium_draws_a_bar_and_a_dot_a_window(
     # the bar chart: one run of it per window.
     unique = (pixels == rgb(COLOURS["unique"])).all(axis=2)
     assert runs(unique[int(unique.sum(axis=1).argmax())]) == WINDOWS
+
+
+QUERIES = ("first-query", "second-query")
+WINDOWS_A_QUERY = 30
+ARTIFACTS = Path(__file__).parent.parent / "build" / "test-artifacts"
+NEW_CHARTS = ("seconds", "throughput", "churn", "lag")
+
+
+@pytest.fixture(scope="module")
+def two_queries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 windows of two queries (the second after a release), error rows of two reasons."""
+    out = tmp_path_factory.mktemp("two") / "out"
+    options = {"path": str(out), "keys": "id", "expiryKey": "ts", "expiryPeriod": "1 hour"}
+    for number, query in enumerate(QUERIES):
+        sink = LocalSink(options, TIME_SCHEMA, query_id=query)
+        for batch in range(WINDOWS_A_QUERY):
+            rows = time_window(number * WINDOWS_A_QUERY + batch)
+            if batch % 3 == 0:  # a row without an id: an error of another reason
+                extra = pa.table({"id": [None], "ts": [T0]}, schema=TIME_SCHEMA)
+                rows = pa.concat_tables([rows, extra])
+            sink.window(batch, rows, partitions=2)
+        dedupsink.release(str(out))
+    return out
+
+
+def tick_texts(svg: Element, axis: str) -> list[str]:
+    (group,) = svg.iter("g", class_=f"axis {axis}")
+    return [t.all_text() for t in group.iter("text") if t.attrs.get("class") != "title"]
+
+
+@pytest.mark.browser
+def test_chromium_shows_what_the_operator_asks_of_two_queries(
+    two_queries: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Time, throughput, keys added against forgotten, the lag, where each query starts, the
+    error rows' reasons and the numbers of every window, as Chromium lays the page out; the
+    screenshot is kept in build/test-artifacts/."""
+    target = tmp_path / "report.html"
+    assert report([str(two_queries), "-o", str(target)], capsys)[0] == 0
+    history = dedupsink.history(str(two_queries)).to_pylist()
+    versions = [row["version"] for row in history]
+    assert len(versions) == 2 * WINDOWS_A_QUERY
+    assert versions[WINDOWS_A_QUERY] == versions[WINDOWS_A_QUERY - 1] + 2  # the release's
+
+    dom = Tree(chromium(tmp_path / "profile", "--dump-dom", target.as_uri()))
+    charts = dom.root.iter("svg", class_="chart")
+    assert {c.attrs["data-chart"] for c in charts} >= {"rows", "points", *NEW_CHARTS}
+    for svg in charts:
+        name = svg.attrs["data-chart"]
+        titles = [t.all_text() for t in svg.iter("text", class_="title")]
+        assert len(titles) == 2 and all(titles), name  # a y title and an x title
+        assert "(" in titles[0] and titles[1].endswith("(UTC)"), (name, titles)
+        for axis in ("x", "y"):
+            ticks = tick_texts(svg, axis)
+            assert len(set(ticks)) == len(ticks), (name, axis, ticks)
+        markers = [g.attrs["data-query"] for g in svg.iter("g", class_="marker")]
+        assert markers == list(QUERIES), name
+        assert len(svg.iter("circle")) in (0, 2 * len(versions), len(versions)), name
+    assert "query second-q starts" in chart(dom, "rows").all_text()
+    lag_title = tick_texts(chart(dom, "lag"), "y")
+    assert lag_title and "commit time minus latest point" in chart(dom, "lag").all_text()
+    rows = dom.root.iter("table", class_="windows")[0].iter("tr")[1:]
+    assert [int(r.attrs["data-version"]) for r in rows] == versions[::-1]
+    first = [cell.all_text() for cell in rows[-1].iter("td")]
+    assert first[:4] == [str(versions[0]), first[1], "first-qu", "0"]
+    reasons = dom.root.iter("table", class_="reasons")[0].all_text()
+    errors = sum(row["error"] for row in history)
+    recorded = {e["reason"]: 0 for row in history for e in row["error_reasons"]}
+    for row in history:
+        for entry in row["error_reasons"]:
+            recorded[entry["reason"]] += entry["rows"]
+    assert len(recorded) == 2 and sum(recorded.values()) == errors
+    for reason, count in recorded.items():
+        assert reason in reasons and f"{count:,}" in reasons
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "report-two-queries.png"
+    chromium(
+        tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,6400", target.as_uri()
+    )
+    pixels = decode_png(shot.read_bytes())
+    for name in ("task_seconds", "rows_per_second", "keys_added", "keys_forgotten", "lag"):
+        found = (pixels == rgb(COLOURS[name])).all(axis=2)
+        assert found.sum() > 150, f"{name}'s colour {COLOURS[name]} is not on screen"
+    marker = (pixels == rgb("#555555")).all(axis=2)
+    assert marker.sum() > 500  # the dashed lines where the queries start
 
 
 # -- the page --------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ __all__ = ["COLOURS", "ReportFile", "page", "write_report"]
 
 # Tableau's colour-blind-safe palette; the port colours are those the tests look for on screen.
 COLOURS = {
+    "task_seconds": "#ff9da7",
+    "rows_per_second": "#bab0ac",
+    "keys_added": "#2f6f3e",
+    "keys_forgotten": "#b5452f",
+    "lag": "#6b4c9a",
     "unique": "#4e79a7",
     "duplicate": "#f28e2b",
     "expired": "#76b7b2",
@@ -36,6 +41,11 @@ COLOURS = {
     "expiry_point": "#edc948",
 }
 LABELS = {
+    "task_seconds": "task seconds",
+    "rows_per_second": "rows per task-second",
+    "keys_added": "keys added",
+    "keys_forgotten": "keys forgotten",
+    "lag": "behind by",
     "unique": "unique",
     "duplicate": "duplicate",
     "expired": "expired",
@@ -46,7 +56,10 @@ LABELS = {
     "expiry_point": "expiry point",
 }
 MARKERS_UP_TO = 100  # columns: a dot on each value below this, a bare line above
-WIDTH, LEFT, RIGHT, TOP, BOTTOM = 1100, 90, 48, 34, 46  # an SVG's viewBox and plot margins
+X_TICK_SPACING = 180  # px between x ticks: a tick dated to the millisecond is 160 px wide
+# An SVG's viewBox and plot margins: room on the left for a y title and dated ticks, below
+# for two lines of x ticks and the x title.
+WIDTH, LEFT, RIGHT, TOP, BOTTOM = 1100, 160, 40, 34, 64
 MICRO = 1_000_000
 # Steps of a time axis, in seconds: the first that gives at most six ticks.
 TIME_STEPS: tuple[int, ...] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200)
@@ -107,6 +120,12 @@ svg text{fill:#333}
 .grid line{stroke:#e6e6e6;stroke-width:1}
 .series{fill:none;stroke-width:2}
 text.missing{font-size:15px;fill:#555}
+text.title{font-size:13px;fill:#444}
+.marker line{stroke:#555;stroke-width:1.5;stroke-dasharray:5 3}
+.marker text{font-size:11px;fill:#333}
+table.windows{font-size:12px}
+table.windows th{border-bottom:1px solid #ccc}
+table.windows td{padding:1px 10px 1px 0}
 """
 
 
@@ -122,11 +141,12 @@ def page(data: ReportData, now: datetime | None = None) -> str:
             "again.</p>",
         ]
     else:
-        mode = None if data.settings is None else data.settings.mode
         body = [
             *_heading(data.summary, data.store_url),
             *_summary(data.summary, data),
-            *_charts(data.columns, mode),
+            *_reasons_table(data.summary),
+            *_charts(data),
+            *_recent_table(data),
         ]
     return "\n".join(
         [
@@ -201,42 +221,175 @@ def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
     return out
 
 
-def _charts(columns: Sequence[Column], mode: str | None) -> list[str]:
+def _charts(data: ReportData) -> list[str]:
+    columns = data.columns
+    mode = None if data.settings is None else data.settings.mode
     count_axis = Axis(_count_ticks, _count_text)
-    stacked = _stacked_bars(columns)
-    shares = _line_chart(
-        "shares",
-        columns,
-        {port: [c.share(port) for c in columns] for port in ("duplicate", "expired")},
-        Axis(lambda low, high: _nice(0.0, max(high, 1.0)), lambda v: f"{number_text(v)}%"),
-        lambda v: f"{v:.1f}%",
-    )
-    keys = _line_chart(
-        "keys",
-        columns,
-        {"keys_remembered": [float(c.keys_remembered) for c in columns]},
-        count_axis,
-        lambda v: f"{int(v):,}",
-    )
-    size = _line_chart(
-        "bytes",
-        columns,
-        {"store_bytes": [float(c.store_bytes) for c in columns]},
-        Axis(_count_ticks, lambda v: human_bytes(int(v))),
-        lambda v: human_bytes(int(v)),
-    )
-    return [
-        "<h2>Rows per port and window</h2>",
-        stacked,
-        "<h2>Duplicate and expired share of each window's rows</h2>",
-        shares,
-        "<h2>Remembered keys after each window</h2>",
-        keys,
-        "<h2>The store's size: bytes of its live window files</h2>",
-        size,
-        "<h2>Latest and expiry points</h2>",
-        _points_chart(columns, mode),
+    percent = Axis(lambda low, high: _nice(0.0, max(high, 1.0)), lambda v: f"{number_text(v)}%")
+    charts = [
+        ("Rows per port and window", _stacked_bars(columns)),
+        (
+            "Duplicate and expired share of each window's rows",
+            _line_chart(
+                "shares",
+                columns,
+                {port: [c.share(port) for c in columns] for port in ("duplicate", "expired")},
+                percent,
+                lambda v: f"{v:.1f}%",
+                "share of the window's rows (%)",
+            ),
+        ),
+        (
+            "Time each window took: its tasks' seconds, summed",
+            _line_chart(
+                "seconds",
+                columns,
+                {"task_seconds": [c.task_seconds for c in columns]},
+                Axis(lambda low, high: _nice(0.0, max(high, 0.001)), number_text),
+                lambda v: f"{v:.3f} s",
+                "task time (seconds)",
+            ),
+        ),
+        (
+            "Throughput: rows per second of task time",
+            _line_chart(
+                "throughput",
+                columns,
+                {"rows_per_second": [c.rows_per_second for c in columns]},
+                count_axis,
+                lambda v: f"{v:,.0f} rows/s",
+                "throughput (rows per second)",
+            ),
+        ),
+        (
+            "Keys added and forgotten by each window",
+            _line_chart(
+                "churn",
+                columns,
+                {
+                    "keys_added": [float(c.keys_added) for c in columns],
+                    "keys_forgotten": [float(c.keys_forgotten) for c in columns],
+                },
+                count_axis,
+                lambda v: f"{int(v):,}",
+                "keys (count)",
+            ),
+        ),
+        (
+            "Remembered keys after each window",
+            _line_chart(
+                "keys",
+                columns,
+                {"keys_remembered": [float(c.keys_remembered) for c in columns]},
+                count_axis,
+                lambda v: f"{int(v):,}",
+                "remembered keys (count)",
+            ),
+        ),
+        (
+            "The store's size: bytes of its live window files",
+            _line_chart(
+                "bytes",
+                columns,
+                {"store_bytes": [float(c.store_bytes) for c in columns]},
+                Axis(_count_ticks, lambda v: human_bytes(int(v))),
+                lambda v: human_bytes(int(v)),
+                "store size (bytes)",
+            ),
+        ),
+        ("Latest and expiry points", _points_chart(columns, mode)),
+        ("How far behind the data is: commit time minus the latest point", _lag_chart(data)),
     ]
+    out: list[str] = []
+    for title, chart in charts:
+        out += [f"<h2>{esc(title)}</h2>", chart]
+    return out
+
+
+def _reasons_table(summary: ReportSummary) -> list[str]:
+    """The error rows' most frequent reasons over the windows drawn."""
+    if not summary.totals["error"]:
+        return ["<h2>Error rows by reason</h2>", '<p class="note">No error rows.</p>']
+    out = ['<h2>Error rows by reason</h2><table class="reasons"><thead><tr>']
+    out.append('<th>reason</th><th class="n">rows</th></tr></thead><tbody>')
+    entries = list(summary.error_reasons)
+    if summary.error_rows_without_reason:
+        entries.append(("(not recorded: committed before reasons were)", 0))
+    for reason, rows in entries:
+        shown = rows or summary.error_rows_without_reason
+        out.append(f'<tr><td>{esc(reason)}</td><td class="n">{shown:,}</td></tr>')
+    out.append("</tbody></table>")
+    return out
+
+
+RECENT_HEADINGS = (
+    "window",
+    "committed (UTC)",
+    "query",
+    "batch",
+    "rows",
+    "unique",
+    "duplicate",
+    "expired",
+    "error",
+    "keys +",
+    "keys -",
+    "remembered",
+    "task s",
+    "rows/s",
+    "behind",
+)
+
+
+def _recent_table(data: ReportData) -> list[str]:
+    """The numbers of the last windows, one row each: what the charts say, in text that a
+    printout or a screenshot keeps."""
+    recent = data.recent
+    if not recent:
+        return []
+    out = [
+        f"<h2>The last {len(recent)} windows, newest first</h2>",
+        '<table class="windows"><thead><tr>',
+        *(
+            f'<th class="n">{esc(h)}</th>' if i > 2 else f"<th>{esc(h)}</th>"
+            for i, h in enumerate(RECENT_HEADINGS)
+        ),
+        "</tr></thead><tbody>",
+    ]
+    for column in reversed(recent):
+        cells = [
+            column.last_version,
+            _time(column.committed_at),
+            column.query_id[:8],
+            column.batch_id,
+            f"{column.rows:,}",
+            *(f"{column.counts[port]:,}" for port in PORTS),
+            f"{column.keys_added:,}",
+            f"{column.keys_forgotten:,}",
+            f"{column.keys_remembered:,}",
+            f"{column.task_seconds:.3f}",
+            "-" if column.rows_per_second is None else f"{column.rows_per_second:,.0f}",
+            "-" if column.lag_seconds is None else _span_text(column.lag_seconds),
+        ]
+        row = "".join(
+            f'<td class="n">{esc(c)}</td>' if i > 2 else f"<td>{esc(c)}</td>"
+            for i, c in enumerate(cells)
+        )
+        out.append(f'<tr data-version="{column.last_version}">{row}</tr>')
+    out.append("</tbody></table>")
+    return out
+
+
+def _span_text(seconds: float) -> str:
+    """A lag as a person reads it: ``45 s``, ``12.5 min``, ``3.2 h``, ``2.1 d``."""
+    size = abs(seconds)
+    if size < 120:
+        return f"{seconds:.0f} s"
+    if size < 7200:
+        return f"{seconds / 60:.1f} min"
+    if size < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 # -- axes ----------------------------------------------------------------------------------------
@@ -271,11 +424,24 @@ def _count_ticks(low: float, high: float) -> list[float]:
     return sorted({float(math.ceil(t)) for t in ticks}) if ticks[1] < 1 else ticks
 
 
-def _count_text(value: float) -> str:
+def _count_text(value: float, digits: int = 3) -> str:
     for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= size:
-            return f"{value / size:.3g}{unit}"
+            return f"{value / size:.{digits}g}{unit}"
     return number_text(round(value, 6))
+
+
+def _tick_texts(ticks: Sequence[float], text: Callable[[float], str]) -> list[str]:
+    """Each tick's text; a count axis whose ticks would read alike (1.00M and 1.0005M both as
+    1M) is written with as many digits as tell them apart."""
+    texts = [text(tick) for tick in ticks]
+    if text is not _count_text:
+        return texts
+    digits = 3
+    while len(set(texts)) < len(texts) and digits < 12:
+        digits += 1
+        texts = [_count_text(tick, digits) for tick in ticks]
+    return texts
 
 
 def _time_ticks(low: float, high: float) -> list[float]:
@@ -292,8 +458,12 @@ def _time_ticks(low: float, high: float) -> list[float]:
 
 
 def _time_tick_text(ticks: Sequence[float]) -> Callable[[float], str]:
+    """Dates with their year always; the time of day to the minute, or to the second when
+    the ticks are less than a minute apart."""
     step = (ticks[1] - ticks[0]) / MICRO if len(ticks) > 1 else 86400
-    pattern = "%Y-%m-%d" if step >= 86400 else "%m-%d %H:%M" if step >= 60 else "%H:%M:%S"
+    pattern = (
+        "%Y-%m-%d" if step >= 86400 else "%Y-%m-%d %H:%M" if step >= 60 else "%Y-%m-%d %H:%M:%S"
+    )
 
     def text(value: float) -> str:
         try:
@@ -306,20 +476,22 @@ def _time_tick_text(ticks: Sequence[float]) -> Callable[[float], str]:
     return text
 
 
-def _point_axis(columns: Sequence[Column], mode: str | None) -> Axis:
-    """Times in the time modes, category names in categorical mode, numbers in ordered mode."""
+def _point_axis(columns: Sequence[Column], mode: str | None) -> tuple[Axis, str]:
+    """Times in the time modes, category names in categorical mode, numbers in ordered mode;
+    with the axis' title."""
     if mode in ("systemTime", "tupleTime"):
         present = [v for c in columns for v in (c.latest_point, c.expiry_point) if v is not None]
         ticks = _time_ticks(min(present), max(present))
-        return Axis(lambda low, high: ticks, _time_tick_text(ticks))
+        return Axis(lambda low, high: ticks, _time_tick_text(ticks)), "expiry key time (UTC)"
     if mode == "categorical":
         names: dict[float, str] = {}
         for c in columns:
             for value, text in ((c.latest_point, c.latest_text), (c.expiry_point, c.expiry_text)):
                 if value is not None and text is not None:
                     names[value] = "(none)" if value < 0 else text
-        return Axis(_category_ticks, lambda v: _short(names.get(v, number_text(v))))
-    return Axis(_nice, number_text)
+        axis = Axis(_category_ticks, lambda v: _short(names.get(v, number_text(v))))
+        return axis, "category (ordinal)"
+    return Axis(_nice, number_text), "expiry key value"
 
 
 def _category_ticks(low: float, high: float) -> list[float]:
@@ -332,7 +504,7 @@ def _category_ticks(low: float, high: float) -> list[float]:
     return sorted({float(round(t)) for t in _nice(first, last)})
 
 
-def _short(text: str, most: int = 13) -> str:
+def _short(text: str, most: int = 20) -> str:
     """A y tick's text, cut to fit the left margin."""
     return text if len(text) <= most else text[: most - 1] + "…"
 
@@ -367,35 +539,74 @@ def _svg_open(name: str, plot: Plot, label: str) -> str:
     )
 
 
-def _axes(plot: Plot, columns: Sequence[Column], text: Callable[[float], str]) -> Iterator[str]:
-    """Grid lines and y ticks, the x ticks (version over commit time) and the axis lines."""
+def _axes(
+    plot: Plot, columns: Sequence[Column], text: Callable[[float], str], title: str
+) -> Iterator[str]:
+    """Grid lines, y ticks and the y title, the x ticks (version over commit time) and the x
+    title, the axis lines, and a marker where a query starts."""
     bottom = plot.height - BOTTOM
     yield '<g class="grid">'
     for tick in plot.ticks:
         y = plot.y(tick)
         yield f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
     yield '</g><g class="axis y">'
-    for tick in plot.ticks:
+    for tick, label in zip(plot.ticks, _tick_texts(plot.ticks, text), strict=True):
         y = plot.y(tick)
-        yield f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{esc(text(tick))}</text>'
+        yield f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{esc(label)}</text>'
+    middle = (TOP + bottom) / 2
+    yield (
+        f'<text class="title" x="16" y="{middle:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {middle:.1f})">{esc(title)}</text>'
+    )
     yield f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{bottom}"/></g><g class="axis x">'
     yield f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{bottom}" y2="{bottom}"/>'
-    for index in _x_ticks(len(columns)):
+    shown = _x_ticks(len(columns), plot.band)
+    moments = _moment_texts([columns[i].committed_at for i in shown])
+    for index, moment in zip(shown, moments, strict=True):
         x = plot.x(index)
-        column = columns[index]
         yield (
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{bottom}" y2="{bottom + 4}"/>'
-            f'<text x="{x:.1f}" y="{bottom + 17}" text-anchor="middle">'
-            f'<tspan>v{column.last_version}</tspan><tspan x="{x:.1f}" dy="14">'
-            f"{esc(column.committed_at.strftime('%m-%d %H:%M'))}</tspan></text>"
+            f'<text class="tick" x="{x:.1f}" y="{bottom + 17}" text-anchor="middle">'
+            f'<tspan>window {columns[index].last_version}</tspan><tspan x="{x:.1f}" dy="14">'
+            f"{esc(moment)}</tspan></text>"
         )
-    yield "</g>"
+    yield (
+        f'<text class="title" x="{(LEFT + WIDTH - RIGHT) / 2:.1f}" y="{plot.height - 6}" '
+        'text-anchor="middle">window, and when it was committed (UTC)</text></g>'
+    )
+    yield from _markers(plot, columns)
 
 
-def _x_ticks(count: int, most: int = 8) -> list[int]:
-    if count <= most:
-        return list(range(count))
-    return sorted({round(i * (count - 1) / (most - 1)) for i in range(most)})
+def _moment_texts(moments: Sequence[datetime]) -> list[str]:
+    """The commit times of the x ticks to the minute, or to the second or the millisecond
+    where two shown would read alike (a fast history's windows share a minute)."""
+    texts: list[str] = []
+    for digits in (16, 19, 23):  # 2026-11-28 19:51, :48, .120
+        texts = [
+            m.astimezone(UTC).isoformat(sep=" ", timespec="milliseconds")[:digits] for m in moments
+        ]
+        if len(set(texts)) == len(texts):
+            break
+    return texts
+
+
+def _markers(plot: Plot, columns: Sequence[Column]) -> Iterator[str]:
+    """A dashed line before each column where a query's first window is, labelled."""
+    bottom = plot.height - BOTTOM
+    for index, column in enumerate(columns):
+        for query in column.query_starts:
+            x = plot.x(index) - plot.band / 2
+            yield (
+                f'<g class="marker" data-query="{esc(query)}"><line x1="{x:.1f}" x2="{x:.1f}" '
+                f'y1="{TOP}" y2="{bottom}"/><text x="{x + 4:.1f}" y="{TOP + 12}">'
+                f"query {esc(query[:8])} starts</text></g>"
+            )
+
+
+def _x_ticks(count: int, band: float) -> list[int]:
+    """Columns at an even step, at least ``X_TICK_SPACING`` px apart, the first included."""
+    step = max(1, math.ceil(X_TICK_SPACING / band))
+    return list(range(0, count, step))
 
 
 def _legend(names: Sequence[str]) -> Iterator[str]:
@@ -411,13 +622,13 @@ def _legend(names: Sequence[str]) -> Iterator[str]:
     yield "</g>"
 
 
-def _stacked_bars(columns: Sequence[Column], height: int = 320) -> str:
+def _stacked_bars(columns: Sequence[Column], height: int = 340) -> str:
     """Rows per port, one bar a column: unique at the bottom, then duplicate, expired, error.
     Each bar's tooltip gives its numbers."""
     plot = Plot(len(columns), _count_ticks(0.0, max(c.rows for c in columns)), height)
     width = plot.band * 0.8 if plot.band >= 3 else plot.band
     out = [_svg_open("rows", plot, "rows per port and window"), *_legend(PORTS)]
-    out += _axes(plot, columns, _count_text)
+    out += _axes(plot, columns, _count_text, "rows of the window (count)")
     out.append('<g class="bars" shape-rendering="crispEdges">')
     for index, column in enumerate(columns):
         counts = ", ".join(f"{port} {column.counts[port]:,}" for port in PORTS)
@@ -444,7 +655,8 @@ def _line_chart(
     series: Mapping[str, Sequence[float | None]],
     axis: Axis,
     value_text: Callable[[float], str],
-    height: int = 240,
+    title: str,
+    height: int = 260,
     texts: Mapping[str, Sequence[str | None]] | None = None,
 ) -> str:
     """One line a series (broken where a value is None), with a dot a value when few; a dot's
@@ -452,8 +664,8 @@ def _line_chart(
     present = [v for values in series.values() for v in values if v is not None]
     ticks = axis.ticks(min(present, default=0.0), max(present, default=1.0))
     plot = Plot(len(columns), ticks, height)
-    out = [_svg_open(name, plot, name), *_legend(list(series))]
-    out += _axes(plot, columns, axis.text)
+    out = [_svg_open(name, plot, title), *_legend(list(series))]
+    out += _axes(plot, columns, axis.text, title)
     for key, values in series.items():
         shown = (texts or {}).get(key) or [None] * len(values)
         tips = [
@@ -497,30 +709,59 @@ def _points_chart(columns: Sequence[Column], mode: str | None) -> str:
     latest = [c.latest_point for c in columns]
     expiry = [c.expiry_point for c in columns]
     if all(v is None for v in latest + expiry):
-        return _no_points(columns, mode)
+        if mode == "basic":
+            why = "No latest or expiry point: this store has no expiry (Basic Dedup), nothing "
+            why += "expires."
+        else:
+            why = "No latest or expiry point yet: no window has carried a value of the expiry key."
+        return _sentence("points", columns, why)
     # The tooltips show each point as the history writes it (a UTC time, a category name).
     texts = {
         "latest_point": [c.latest_text for c in columns],
         "expiry_point": [c.expiry_text for c in columns],
     }
-    axis = _point_axis(columns, mode)
+    axis, title = _point_axis(columns, mode)
     return _line_chart(
         "points",
         columns,
         {"latest_point": latest, "expiry_point": expiry},
         axis,
         axis.text,
+        title,
         texts=texts,
     )
 
 
-def _no_points(columns: Sequence[Column], mode: str | None) -> str:
-    if mode == "basic":
-        why = "No latest or expiry point: this store has no expiry (Basic Dedup), nothing expires."
-    else:
-        why = "No latest or expiry point yet: no window has carried a value of the expiry key."
+def _lag_chart(data: ReportData) -> str:
+    """Commit time minus the latest point, in the unit that suits the largest lag."""
+    columns = data.columns
+    lags = [c.lag_seconds for c in columns]
+    present = [abs(v) for v in lags if v is not None]
+    if not data.time_points or not present:
+        why = "No lag to draw: the expiry key is no time (Basic Dedup, categorical, ordered or "
+        why += "sequence dedup), or no window has carried one yet."
+        return _sentence("lag", columns, why)
+    unit, size = next(
+        (
+            (u, s)
+            for u, s in (("days", 86400), ("hours", 3600), ("minutes", 60))
+            if max(present) >= 2 * s
+        ),
+        ("seconds", 1),
+    )
+    return _line_chart(
+        "lag",
+        columns,
+        {"lag": [None if v is None else v / size for v in lags]},
+        Axis(lambda low, high: _nice(min(low, 0.0), max(high, 1.0)), number_text),
+        lambda v: f"{v:,.1f} {unit}",
+        f"commit time minus latest point ({unit})",
+    )
+
+
+def _sentence(name: str, columns: Sequence[Column], why: str) -> str:
     plot = Plot(len(columns), [0.0, 1.0], 80)
     return (
-        f'{_svg_open("points", plot, why)}<text class="missing" x="{LEFT}" y="45">'
+        f'{_svg_open(name, plot, why)}<text class="missing" x="{LEFT}" y="45">'
         f"{esc(why)}</text></svg>"
     )

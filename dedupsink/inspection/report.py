@@ -17,10 +17,14 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.inspection.history import history
 from dedupsink.inspection.location import Location
 from dedupsink.store.records import StoreSettings
+from dedupsink.units import micros_since_epoch
 
 __all__ = ["MAX_COLUMNS", "Column", "ReportData", "ReportSummary", "columns_of", "report_data"]
 
 MAX_COLUMNS = 500  # 2 px a column on the 1,000 px plots: more would not be seen, only weigh
+RECENT_WINDOWS = 100  # the windows the page lists one by one, under its charts
+TOP_REASONS = 10
+_TIME_MODES = ("systemTime", "tupleTime")  # whose points are times (µs since the epoch)
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,23 @@ class Column:
     expiry_point: float | None
     latest_text: str | None
     expiry_text: str | None
+    query_id: str  # the last window's
+    batch_id: int  # the last window's
+    task_seconds: float  # summed over the group's windows and their tasks
+    keys_added: int
+    keys_forgotten: int
+    lag_seconds: float | None  # commit time minus the latest point (time modes), last window's
+    query_starts: tuple[str, ...]  # queries whose first window of the history drawn is here
+    error_reasons: dict[str, int]  # error rows by reason, summed
 
     @property
     def rows(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def rows_per_second(self) -> float | None:
+        """Rows per second of task time (None when no time was recorded)."""
+        return self.rows / self.task_seconds if self.task_seconds > 0 else None
 
     def share(self, port: str) -> float | None:
         """The port's percent of the column's rows; None for a column without rows."""
@@ -68,6 +85,8 @@ class ReportSummary:
     store_bytes: int
     latest_text: str | None
     expiry_text: str | None
+    error_reasons: tuple[tuple[str, int], ...]  # the most frequent, most first
+    error_rows_without_reason: int  # in windows committed before reasons were recorded
 
     @property
     def rows(self) -> int:
@@ -83,6 +102,12 @@ class ReportData:
     settings: StoreSettings | None
     summary: ReportSummary | None
     columns: tuple[Column, ...]
+    recent: tuple[Column, ...] = ()  # the last ``RECENT_WINDOWS`` windows, one a column
+
+    @property
+    def time_points(self) -> bool:
+        """Whether the latest and expiry points are times."""
+        return self.settings is not None and self.settings.mode in _TIME_MODES
 
     @property
     def windows(self) -> int:
@@ -110,7 +135,15 @@ def digest(
 ) -> ReportData:
     """The report's answer from history rows (``dedupsink.store.history.SCHEMA``)."""
     summary = _summary(rows) if rows.num_rows else None
-    return ReportData(store_url, settings, summary, tuple(columns_of(rows, max_columns)))
+    times = settings is not None and settings.mode in _TIME_MODES
+    recent = rows.slice(max(rows.num_rows - RECENT_WINDOWS, 0))
+    return ReportData(
+        store_url,
+        settings,
+        summary,
+        tuple(columns_of(rows, max_columns, times)),
+        tuple(columns_of(recent, RECENT_WINDOWS, times)),
+    )
 
 
 def _summary(rows: pa.Table) -> ReportSummary:
@@ -127,17 +160,49 @@ def _summary(rows: pa.Table) -> ReportSummary:
         store_bytes=last["store_bytes"],
         latest_text=last["latest_point_text"],
         expiry_text=last["expiry_point_text"],
+        **_reasons(rows),
     )
 
 
-def columns_of(rows: pa.Table, max_columns: int = MAX_COLUMNS) -> list[Column]:
-    """The history's windows as at most ``max_columns`` columns of consecutive windows."""
+def _reasons(rows: pa.Table) -> dict[str, Any]:
+    totals: dict[str, int] = {}
+    for reasons in rows.column("error_reasons").to_pylist():
+        for entry in reasons or ():
+            totals[entry["reason"]] = totals.get(entry["reason"], 0) + entry["rows"]
+    ranked = sorted(totals.items(), key=lambda entry: (-entry[1], entry[0]))
+    errors = int(pc.sum(rows.column("error")).as_py() or 0)
+    return {
+        "error_reasons": tuple(ranked[:TOP_REASONS]),
+        "error_rows_without_reason": max(errors - sum(totals.values()), 0),
+    }
+
+
+def columns_of(
+    rows: pa.Table, max_columns: int = MAX_COLUMNS, time_points: bool = False
+) -> list[Column]:
+    """The history's windows as at most ``max_columns`` columns of consecutive windows;
+    ``time_points``: the points are times, so a column has a lag."""
     count = rows.num_rows
     if count == 0:
         return []
     size = math.ceil(count / max_columns)
     values = {name: rows.column(name).to_pylist() for name in _COLUMN_NAMES}
-    return [_column(values, start, min(start + size, count)) for start in range(0, count, size)]
+    firsts = _first_windows(values["query_id"])
+    return [
+        _column(values, start, min(start + size, count), firsts, time_points)
+        for start in range(0, count, size)
+    ]
+
+
+def _first_windows(queries: list[str]) -> dict[int, str]:
+    """Index of each query's first window among ``queries`` -> the query."""
+    firsts: dict[int, str] = {}
+    seen: set[str] = set()
+    for index, query in enumerate(queries):
+        if query not in seen:
+            seen.add(query)
+            firsts[index] = query
+    return firsts
 
 
 _COLUMN_NAMES = (
@@ -150,11 +215,31 @@ _COLUMN_NAMES = (
     "expiry_point",
     "latest_point_text",
     "expiry_point_text",
+    "query_id",
+    "batch_id",
+    "task_seconds",
+    "keys_added",
+    "keys_forgotten",
+    "error_reasons",
 )
 
 
-def _column(values: Mapping[str, list[Any]], start: int, stop: int) -> Column:
+def _column(
+    values: Mapping[str, list[Any]],
+    start: int,
+    stop: int,
+    firsts: Mapping[int, str],
+    time_points: bool,
+) -> Column:
     end = stop - 1
+    reasons: dict[str, int] = {}
+    for entries in values["error_reasons"][start:stop]:
+        for entry in entries or ():
+            reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + entry["rows"]
+    latest, committed = values["latest_point"][end], values["committed_at"][end]
+    lag = None
+    if time_points and latest is not None:
+        lag = (micros_since_epoch(committed) - latest) / 1_000_000
     return Column(
         first_version=values["version"][start],
         last_version=values["version"][end],
@@ -166,4 +251,17 @@ def _column(values: Mapping[str, list[Any]], start: int, stop: int) -> Column:
         expiry_point=values["expiry_point"][end],
         latest_text=values["latest_point_text"][end],
         expiry_text=values["expiry_point_text"][end],
+        query_id=values["query_id"][end],
+        batch_id=values["batch_id"][end],
+        task_seconds=float(_total(values["task_seconds"][start:stop])),
+        keys_added=int(_total(values["keys_added"][start:stop])),
+        keys_forgotten=int(_total(values["keys_forgotten"][start:stop])),
+        lag_seconds=lag,
+        query_starts=tuple(firsts[i] for i in range(start, stop) if i in firsts),
+        error_reasons=reasons,
     )
+
+
+def _total(values: list[Any]) -> float:
+    """A sum over the windows that recorded the value (a null counts nothing)."""
+    return sum(value for value in values if value is not None)

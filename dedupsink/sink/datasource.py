@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.types import (
+    ArrayType,
     DataType,
     DoubleType,
     LongType,
@@ -253,7 +254,7 @@ class DedupHistoryReader(DataSourceReader):
 # nothing else and stays for the session: spelled out here, that process imports no pyarrow
 # (a large part of its memory; bench/RESULTS.md, "Memory as installed"). A test holds it equal
 # to the history's Arrow schema.
-_HISTORY_COLUMNS: tuple[tuple[str, type[DataType]], ...] = (
+_HISTORY_COLUMNS: tuple[tuple[str, Callable[[], DataType]], ...] = (
     ("version", LongType),
     ("query_id", StringType),
     ("batch_id", LongType),
@@ -278,6 +279,12 @@ _HISTORY_COLUMNS: tuple[tuple[str, type[DataType]], ...] = (
     ("state_fetched_bytes", LongType),
     ("state_private_bytes", LongType),
     ("state_mapped_bytes", LongType),
+    (
+        "error_reasons",
+        lambda: ArrayType(
+            StructType([StructField("reason", StringType()), StructField("rows", LongType())])
+        ),
+    ),
 )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dedupsink.engine.classify import (
     PORTS,
@@ -73,6 +74,7 @@ class TaskSummary:
     process: str = ""  # host and pid of the task's process: the commit counts each once
     seconds: float = 0.0
     classify_seconds: float = 0.0
+    error_reasons: dict[str, int] = field(default_factory=dict)  # error rows per reason
 
     @property
     def folder(self) -> str:
@@ -185,6 +187,7 @@ def _classify(
         tick = time.perf_counter()
         result = classifier.classify(batch)
         summary.classify_seconds += time.perf_counter() - tick
+        count_reasons(result.error_reasons, summary.error_reasons)
         if held is not None:
             # A file per chunk: yielding rows of an earlier chunk rewrites only its file.
             writers.write("unique", held)
@@ -201,6 +204,13 @@ def _classify(
     summary.new_categories = classifier.new_categories
     producers = classifier.producer_highest_ids() if plan.settings.by_sequence else None
     return _Classified(held, classifier.new_keys(), KeysContext.of(classifier), counts, producers)
+
+
+def count_reasons(reasons: pa.Array, counts: dict[str, int]) -> None:
+    """Add a batch's error rows to ``counts`` by reason (a few distinct texts a batch)."""
+    if len(reasons):
+        for entry in pc.value_counts(reasons).to_pylist():
+            counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
 
 
 def _settle(

@@ -28,7 +28,14 @@ from dedupsink.store.compaction import (
 )
 from dedupsink.store.format import Manifest, PortState
 from dedupsink.store.ownership import Writer
-from dedupsink.store.records import LogEntry, Move, Publication, StateUse, WindowCounts
+from dedupsink.store.records import (
+    LogEntry,
+    Move,
+    Publication,
+    StateUse,
+    WindowCounts,
+    error_reasons,
+)
 from dedupsink.store.store import BucketStore
 from dedupsink.store.transaction import (
     AddCategories,
@@ -91,6 +98,7 @@ class WindowCommit:
                     cross_partition,
                     sum(t.seconds for t in self.tasks),
                     StateUse.of_tasks([(t.process, t.state) for t in self.tasks]),
+                    error_reasons(t.error_reasons for t in self.tasks),
                 ),
                 RecordPublication(publication, ports),
             ),

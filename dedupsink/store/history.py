@@ -61,6 +61,7 @@ _CREATED_KEEP = 4 * FANOUT
 # milliseconds since the epoch; the latest and expiry points as doubles in the store's own
 # encoding of the expiry key (microseconds since the epoch for times and dates, a category's
 # ordinal, the number itself), with a readable text beside each.
+ERROR_REASONS = pa.list_(pa.struct([("reason", pa.string()), ("rows", pa.int64())]))
 COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("version", pa.int64()),
     ("query_id", pa.string()),
@@ -88,6 +89,9 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("state_fetched_bytes", pa.int64()),
     ("state_private_bytes", pa.int64()),
     ("state_mapped_bytes", pa.int64()),
+    # The window's error rows by reason, most first; empty in windows without error rows and
+    # in those committed before reasons were counted.
+    ("error_reasons", ERROR_REASONS),
 )
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind in COLUMNS])
 Row = dict[str, Any]
@@ -124,6 +128,7 @@ def row_of(manifest: Manifest) -> Row | None:
         "store_bytes": sum(window_file.nbytes for window_file in manifest.files.values()),
         "task_seconds": float(last.task_seconds),
         **_state_columns(last.state),
+        "error_reasons": [{"reason": reason, "rows": rows} for reason, rows in last.error_reasons],
     }
 
 
@@ -171,6 +176,8 @@ def to_table(rows: Iterable[Row]) -> pa.Table:
     arrays = []
     for (name, kind), wire in zip(COLUMNS, _WIRE_NAMES, strict=True):
         values = [row.get(wire) for row in rows]
+        if name == "error_reasons":
+            values = [value or [] for value in values]  # rows recorded before: none counted
         if name == "committed_at":
             values = [None if v is None else v * 1000 for v in values]
             arrays.append(pa.array(values, pa.int64()).cast(kind))

@@ -9,7 +9,7 @@ publication).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -367,6 +367,8 @@ class WindowRecord:
     dropped_keys: int = 0
     task_seconds: float = 0.0
     state: StateUse = field(default_factory=StateUse)
+    # The window's error rows by reason, most first (empty in records written before).
+    error_reasons: tuple[tuple[str, int], ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -381,6 +383,8 @@ class WindowRecord:
         }
         if self.state != StateUse():  # a record written before the state was counted: as then
             wire["state"] = self.state.to_wire()
+        if self.error_reasons:  # absent when none, so older records re-encode identically
+            wire["errors"] = [list(entry) for entry in self.error_reasons]
         return wire
 
     @classmethod
@@ -397,7 +401,17 @@ class WindowRecord:
             int(value["dropped_keys"]),
             float(value["task_seconds"]),
             StateUse.from_wire(value.get("state")),
+            tuple((str(reason), int(rows)) for reason, rows in value.get("errors") or ()),
         )
+
+
+def error_reasons(counts: Iterable[Mapping[str, int]]) -> tuple[tuple[str, int], ...]:
+    """Tasks' error rows by reason, summed, most first (then by reason)."""
+    total: dict[str, int] = {}
+    for task in counts:
+        for reason, rows in task.items():
+            total[reason] = total.get(reason, 0) + rows
+    return tuple(sorted(total.items(), key=lambda entry: (-entry[1], entry[0])))
 
 
 @dataclass(frozen=True)

@@ -282,6 +282,7 @@ class RecordWindow:
     cross_partition_duplicates: int
     task_seconds: float
     state: StateUse = field(default_factory=StateUse)
+    error_reasons: tuple[tuple[str, int], ...] = ()
 
     def apply(self, next_version: NextVersion) -> None:
         manifest = next_version.manifest
@@ -297,6 +298,7 @@ class RecordWindow:
             dropped_keys=next_version.dropped_keys,
             task_seconds=round(self.task_seconds, 3),
             state=self.state,
+            error_reasons=self.error_reasons,
         )
 
 
