@@ -4,7 +4,12 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+DEPS_STAMP := $(VENV)/.dependencies
 STAMP := $(VENV)/.installed
+# The package is installed as built (not editable): Spark's Python workers find the data source
+# by listing the modules on their path, which an editable install's import hook hides. A change
+# to a source file reinstalls it, in a few seconds.
+SOURCES := pyspark_dedup.py $(shell find dedupsink -name '*.py' -not -path '*/__pycache__/*')
 AZURITE_STAMP := $(VENV)/azurite/.installed
 CHROMIUM_STAMP := $(VENV)/.chromium
 # Microsoft's Azure Blob emulator, for the tests
@@ -18,12 +23,18 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 help: ## Show the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml constraints.txt
+$(DEPS_STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is needed ($(PYTHON) not found; set PYTHON=...)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,hdfs,test,delta,iceberg]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -c constraints.txt '.[dev,hdfs,test,delta,iceberg]'
 	$(PY) tools/precompile_pyspark.py  # bytecode in PySpark's archive, as Spark's workers import it
+	@touch $(DEPS_STAMP)
+
+$(STAMP): $(DEPS_STAMP) $(SOURCES)
+	@rm -rf build/lib build/bdist.*  # setuptools' copy keeps files the sources no longer have
+	$(PY) -m pip install --quiet --no-deps --force-reinstall .
+	@rm -rf build/lib build/bdist.* dedupsink.egg-info
 	@touch $(STAMP)
 
 # Only the tests use the emulator: `make run` works without npm.

@@ -22,6 +22,36 @@ os.environ.setdefault("AWS_MAX_ATTEMPTS", "2")
 
 from servers import Azurite, FakeGcs, Remote, S3Server
 
+ROOT = Path(__file__).parent.parent
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once when the installed package is not the sources: this process imports the
+    sources, Spark's Python workers the installed copy (``make test`` installs it first)."""
+    import sysconfig
+    from importlib.metadata import distributions
+
+    # Not distribution("dedupsink"): from the repository's root, that finds the build's
+    # metadata beside the sources.
+    found = distributions(name="dedupsink", path=[sysconfig.get_paths()["purelib"]])
+    installed = next(iter(found), None)
+    if installed is None:
+        pytest.exit("dedupsink is not installed in this interpreter: run `make install`", 2)
+    sources = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("dedupsink/**/*.py")}
+    sources.add("pyspark_dedup.py")
+    stale = sorted(
+        name
+        for name in sources
+        if not (copy := Path(str(installed.locate_file(name)))).is_file()
+        or copy.read_bytes() != (ROOT / name).read_bytes()
+    )
+    if stale:
+        pytest.exit(
+            f"the installed dedupsink differs from the sources in {', '.join(stale[:5])}: "
+            "run `make install` (Spark's workers would run the installed copy)",
+            2,
+        )
+
 
 def build_session(master: str, app: str):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
