@@ -61,16 +61,16 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix dedupsink tests bench tools pyspark_dedup.py
 	$(VENV)/bin/ruff format dedupsink tests bench tools pyspark_dedup.py
 
-test: $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything but the slow tests, Spark and cluster tests included (under 15 minutes)
+test: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything but the slow tests, Spark and cluster tests included (under 15 minutes)
 	$(PY) -m pytest -q -m "not slow"
 
 test-fast: $(STAMP) ## Unit tests only: engine, store, cache, options (no Spark, no browser)
 	$(PY) -m pytest -q -m "not spark and not cluster and not slow and not browser"
 
-test-slow: $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
+test-slow: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
 	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no slow test collected
 
-test-all: $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything, the slow tests too
+test-all: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything, the slow tests too
 	$(PY) -m pytest -q
 
 run: $(STAMP) ## Run the demo job (log dedup with 24 h tuple-time expiry) on the shipped sample data
