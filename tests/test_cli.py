@@ -27,6 +27,7 @@ import pyarrow.dataset as ds
 import pytest
 from reference import ReferenceDedup, ReferenceSequence
 
+import dedupsink
 from dedupsink.cli.run import remove_checkpoint
 from dedupsink.inspection import inspect_store, locate
 
@@ -300,7 +301,7 @@ def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path
     first, second = (as_dict(c) for c in expected_runs(case, 2))
     files = len(list(data.iterdir()))
 
-    summary = run_job("system-logs", data, out)
+    summary = first_run = run_job("system-logs", data, out)
     assert summary.this_run == first
     report = inspect_json(out)
     assert {port: info["rows"] for port, info in report["ports"].items()} == first
@@ -321,6 +322,35 @@ def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path
     assert {port: info["rows"] for port, info in report["ports"].items()} == both
     assert report["windows"] == 2 * files
     assert report["owner"] is None
+    windows_are_numbered_alike(out, [*printed_windows(first_run), *printed_windows(summary)])
+
+
+def printed_windows(summary: Summary) -> list[tuple[int, int]]:
+    """(batch, window) of each batch line ``run`` printed."""
+    found = (
+        re.match(r"^batch\s+(\d+) \(window (\d+)\):", line) for line in summary.stdout.splitlines()
+    )
+    return [(int(m.group(1)), int(m.group(2))) for m in found if m]
+
+
+def windows_are_numbered_alike(out: Path, printed: list[tuple[int, int]]) -> None:
+    """The window number ``run`` printed for each batch is the one the history, lookup, inspect
+    and the report show for it."""
+    history = dedupsink.history(str(out)).to_pylist()
+    assert [(row["batch_id"], row["version"]) for row in history] == printed
+    assert inspect_json(out)["last_window"]["window"] == printed[-1][1]
+    # Serial 290 is a unique row of the first run's last batch: lookup names its window.
+    found = dedupsink.lookup(str(out), {"serial": "290"})
+    assert found.remembered and (found.batch_id, found.window) == printed[len(printed) // 2 - 1]
+    page = out.parent / "report.html"
+    assert cli("report", str(out), "-o", str(page)).returncode == 0
+    text = page.read_text()
+    bars = re.findall(r'<g class="bar" data-version="(\d+)">', text)
+    assert [int(v) for v in bars] == [window for _, window in printed]
+    listed = re.findall(r'<tr data-version="(\d+)"><td>(\d+)</td>', text)
+    assert listed == [(str(w), str(w)) for _, w in reversed(printed)]
+    for _, window in printed:
+        assert f"window {window}, committed" in text  # each bar's tooltip
 
 
 @pytest.mark.slow  # two Spark runs of the backfill job, about 40 s: CI runs it in test-slow
