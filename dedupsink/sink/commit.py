@@ -73,7 +73,7 @@ class CommitReport:
     remembered: int = 0
     cache_hit_rate: float | None = None
     assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
-    windows: int = 0  # windows the store has committed, this one included (as the CLI counts)
+    windows: int = 0  # how many windows the store has committed, this one included
     state: StateUse = field(default_factory=StateUse)
     # What each task's process held after its last task of the window: host:pid -> use.
     held: dict[str, StateUse] = field(default_factory=dict)

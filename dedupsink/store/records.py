@@ -355,9 +355,9 @@ class WindowRecord:
     """What a version's window was: who committed it and what it did (for ``inspect`` and the
     ``dedupsink run`` progress lines)."""
 
-    # The version the window's commit created (stored under the key "window"); the window's
-    # number in ``run``'s lines, the sink's log and ``inspect`` is the store's count of
-    # windows, ``Manifest.totals.windows``, of that version.
+    # The version the window's commit created (stored under the key "window"): the window's
+    # number wherever a person sees one (``run``'s lines, the sink's log, ``inspect``,
+    # ``lookup``, the history, the report).
     version: int
     query: str
     batch: int
