@@ -4,12 +4,14 @@ store (two runs of ``conf/system-logs.conf``): typed answers, no command line, n
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from operator_outputs import copy_store
 
+from dedupsink.cli.main import main
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import ConfigError
 from dedupsink.inspection import (
@@ -21,6 +23,9 @@ from dedupsink.inspection import (
     report_data,
 )
 from dedupsink.inspection import history as history_of
+from dedupsink.masking import MASK
+from dedupsink.ports.base import CatalogInfo
+from dedupsink.sink.local import LocalSink
 from dedupsink.store.history import SCHEMA
 
 FIRST_QUERY = "05bc37e6-7fca-48ec-b0be-959a763d2f7f"
@@ -95,3 +100,43 @@ def test_the_report_series_are_typed_columns(location: Location) -> None:
         "duplicate"
     ) == pytest.approx(100 * 6 / 98)
     assert report_data(location, last=3).windows == 3
+
+
+def test_an_iceberg_stores_catalog_is_shown_with_the_call_that_reads_its_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The embedded catalog's type, URI, warehouse and name, and the load_catalog call, which
+    opens the port tables as written; the location column shows each table's folder."""
+    out = tmp_path / "out"
+    schema = pa.schema([("id", pa.int64())])
+    sink = LocalSink({"path": str(out), "keys": "id", "outputFormat": "iceberg"}, schema)
+    sink.window(0, pa.table({"id": [1, 2, 2, 3]}, schema=schema), partitions=2)
+    state = inspect_store(locate(str(out))).state
+    assert state is not None and state.catalog is not None
+    catalog = state.catalog
+    assert (catalog.name, catalog.kind) == ("dedupsink", "sql")
+    assert catalog.uri == f"sqlite:///{out}/_iceberg_catalog.db"
+    assert catalog.warehouse == str(out)
+    assert catalog.tables["unique"] == "dedup.out_unique"
+    assert [p.path for p in state.ports] == [str(out / port) for port in PORTS]
+
+    from pyiceberg.catalog import load_catalog
+
+    opened = eval(catalog.load_call(), {"load_catalog": load_catalog})  # as a reader pastes it
+    assert opened.load_table(catalog.tables["unique"]).scan().to_arrow().num_rows == 3
+
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"catalog     sql catalog 'dedupsink' at sqlite:///{out}/_iceberg_catalog.db" in text
+    assert "  unique           1      " in text and f"{out}/unique\n" in text
+    assert "dedup.out_unique with 1 snapshot, store version 1" in text
+    assert main(["inspect", str(out), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["catalog"]
+    assert shown["uri"] == catalog.uri and shown["load"].startswith(
+        'from pyiceberg.catalog import load_catalog; load_catalog("dedupsink"'
+    )
+
+
+def test_catalog_secrets_are_masked() -> None:
+    catalog = CatalogInfo("c", {"type": "rest", "uri": "https://cat", "token": MASK}, {})
+    assert '"token": "***"' in catalog.load_call()

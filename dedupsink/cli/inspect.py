@@ -18,6 +18,7 @@ from dedupsink.inspection.state import (
     StoreState,
 )
 from dedupsink.options import ASSUME_SAME_EXPIRY, OUTPUT_FORMAT_DEFAULT, bool_text
+from dedupsink.ports.base import CatalogInfo
 from dedupsink.store.records import StoreSettings
 from dedupsink.units import human_bytes, micros_since_epoch, utc_text
 
@@ -60,7 +61,24 @@ def render(inspection: Inspection) -> str:
     if state.publication_pending:
         lines.append("            the last window's ports are not fully published yet")
     lines += _ports_text(inspection.output, state)
+    if state.catalog is not None:
+        lines += catalog_lines(state.catalog)
     return "\n".join(lines)
+
+
+def catalog_lines(catalog: CatalogInfo, label: str = "catalog     ") -> list[str]:
+    """Where the port tables' catalog is, and the Python that opens it."""
+    indent = " " * len(label)
+    where = f"{catalog.kind or 'a'} catalog {catalog.name!r}"
+    if catalog.uri:
+        where += f" at {catalog.uri}"
+    if catalog.warehouse:
+        where += f", warehouse {catalog.warehouse}"
+    return [
+        f"{label}{where}",
+        f"{indent}read: from pyiceberg.catalog import load_catalog",
+        f"{indent}      {catalog.load_call()}.load_table({catalog.tables['unique']!r})",
+    ]
 
 
 def _second(moment: datetime) -> str:
@@ -165,7 +183,8 @@ def _table_state(port: PortState) -> str:
     if "table_version" in port.described:
         state = f"version {port.table_version}"
     elif "snapshots" in port.described:
-        state = f"{port.snapshots} snapshots"
+        plural = "" if port.snapshots == 1 else "s"
+        state = f"{port.table} with {port.snapshots} snapshot{plural}"
     else:
         return "-"
     if port.published_version is not None:

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from dedupsink.cli.config import SOURCE_PATH
 from dedupsink.cli.display import table
+from dedupsink.cli.inspect import catalog_lines
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
 from dedupsink.engine.classify import PORTS
@@ -367,6 +368,9 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
         f"(query {outcome.query_id or '-'})",
         *table(["port", "this run", "all runs", ports.address_heading], rows),
     ]
+    catalog = ports.catalog_info()
+    if catalog is not None:
+        lines += catalog_lines(catalog, "Catalog: ")
     lines += _store_lines(store, manifest)
     lines.append(
         "Owner lease released: the next run can start at once."

@@ -19,7 +19,7 @@ from dedupsink.engine.sequence import highest_per_producer
 from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.inspection.location import Location
 from dedupsink.inspection.points import point_text
-from dedupsink.ports.base import PortFormat
+from dedupsink.ports.base import CatalogInfo, PortFormat
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import now_ms
@@ -164,6 +164,11 @@ class PortState:
         return self.described.get("snapshots")
 
     @property
+    def table(self) -> str | None:
+        """The table's name in its catalog (Iceberg) or its URI (Delta)."""
+        return self.described.get("table")
+
+    @property
     def published_version(self) -> int | None:
         return self.described.get("published_version")
 
@@ -206,6 +211,7 @@ class StoreState:
     producers: Producers | None  # sequence dedup only
     ports: tuple[PortState, ...]
     ports_known: bool  # the output path is known, so each port's format was asked
+    catalog: CatalogInfo | None = None  # the catalog naming the port tables (Iceberg)
 
     def settings_dict(self) -> dict[str, Any]:
         """The settings as recorded, but ``assume_same_expiry`` None in the modes it does not
@@ -236,6 +242,8 @@ class StoreState:
         if self.producers is not None:
             result["producers"] = self.producers.to_dict()
         result["ports"] = {p.port: p.to_dict(self.ports_known) for p in self.ports}
+        if self.catalog is not None:
+            result["catalog"] = self.catalog.to_dict()
         return result
 
 
@@ -298,6 +306,7 @@ def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | Non
         producers=_producers(store, manifest) if settings.mode == "sequence" else None,
         ports=_port_states(manifest, ports),
         ports_known=ports is not None,
+        catalog=None if ports is None else ports.catalog_info(),
     )
 
 

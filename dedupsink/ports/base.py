@@ -8,7 +8,9 @@ A new format is one module with one such class, added to ``formats.FORMATS``.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -90,6 +92,10 @@ class PortFormat(ABC):
         """What ``inspect`` shows of one port beyond the store's own counts."""
         return {}
 
+    def catalog_info(self) -> CatalogInfo | None:
+        """The catalog that names the port tables, for those who read them; None without one."""
+        return None
+
     def repair(self, store: BucketStore, dry_run: bool = False) -> list[LogRepair]:
         """Rewrite what the store can vouch for and the ports lost (Spark's sink log); table
         formats keep their own log, which nothing here rewrites."""
@@ -137,3 +143,41 @@ def schema_differences(wanted: list[tuple[str, str]], found: list[tuple[str, str
     differences += [f"{name} is new" for name, _ in wanted if name not in found_types]
     differences += [f"{name} is missing" for name, _ in found if name not in wanted_types]
     return differences
+
+
+@dataclass(frozen=True)
+class CatalogInfo:
+    """A catalog as a reader needs it: its name and properties (secrets masked), the tables
+    the ports are, and the ``load_catalog`` call that opens them."""
+
+    name: str
+    properties: dict[str, str]  # secrets masked
+    tables: dict[str, str]  # port -> table identifier
+
+    @property
+    def kind(self) -> str | None:
+        return self.properties.get("type")
+
+    @property
+    def uri(self) -> str | None:
+        return self.properties.get("uri")
+
+    @property
+    def warehouse(self) -> str | None:
+        return self.properties.get("warehouse")
+
+    def load_call(self) -> str:
+        """The Python that loads the catalog with pyiceberg (``***`` where a secret goes)."""
+        given = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in self.properties.items())
+        return f"load_catalog({json.dumps(self.name)}, **{{{given}}})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.kind,
+            "uri": self.uri,
+            "warehouse": self.warehouse,
+            "properties": self.properties,
+            "tables": self.tables,
+            "load": f"from pyiceberg.catalog import load_catalog; {self.load_call()}",
+        }

@@ -19,8 +19,15 @@ import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
+from dedupsink.masking import MASK, is_secret_property
 from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT, PATH
-from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
+from dedupsink.ports.base import (
+    CatalogInfo,
+    PortFormat,
+    missing_extra,
+    schema_differences,
+    table_schema,
+)
 from dedupsink.ports.output import Layout
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import Move, Publication
@@ -71,10 +78,13 @@ class IcebergPorts(PortFormat):
 
     name = "iceberg"
     layout = Layout(in_table=True, data_folder="data")
-    address_heading = "Iceberg tables"
+    address_heading = "Iceberg table locations"
 
-    def address(self, port: str) -> str:
-        return self.table_name(port)
+    def catalog_info(self) -> CatalogInfo:
+        properties = self.catalog_properties()
+        name = properties.pop(CATALOG_NAME, CATALOG_NAME_DEFAULT)
+        shown = {k: MASK if is_secret_property(k) else v for k, v in properties.items()}
+        return CatalogInfo(name, shown, {port: self.table_name(port) for port in PORTS})
 
     def identifier(self, port: str) -> tuple[str, str]:
         return (self.options.table_namespace, f"{self.options.table_prefix}_{port}")
