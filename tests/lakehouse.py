@@ -9,12 +9,18 @@ port's table must hold exactly one commit per window that sent it rows, carrying
 window's rows, in window order, each tied to a distinct store version, the newest of which is
 the table's recorded publication (Delta's app transaction, the Iceberg summary) and the store's
 latest version that published rows to the port.
+
+``DuckDB`` is an independent reader of the same tables (its delta and iceberg extensions, loaded
+from the ``duckdb-ext-*`` wheels, offline), which also tells how many files a filtered scan
+read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import pickle
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -289,6 +295,56 @@ def in_child(tables: PortTables, method: str, *args: Any) -> Any:
 def rows_of(table: pa.Table, columns: Sequence[str]) -> Rows:
     selected = table.select(list(columns)).to_pylist()
     return Counter(frozen(tuple(row[c] for c in columns)) for row in selected)
+
+
+# -- DuckDB, an independent reader ------------------------------------------------------------
+
+
+class DuckDB:
+    """A DuckDB connection with its delta, avro and iceberg extensions loaded from the installed
+    ``duckdb-ext-*`` wheels, which put them where DuckDB looks for installed extensions
+    (``<site-packages>/duckdb_ext/extensions/v<version>/<platform>/``); nothing is fetched."""
+
+    def __init__(self) -> None:
+        import duckdb
+
+        spec = importlib.util.find_spec("duckdb_ext")
+        assert spec is not None and spec.submodule_search_locations, "duckdb-ext-* missing"
+        folder = Path(next(iter(spec.submodule_search_locations))) / "extensions"
+        self.connection = duckdb.connect(
+            config={
+                "extension_directory": str(folder),
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+            }
+        )
+        for extension in ("delta", "avro", "iceberg"):
+            self.connection.execute(f"LOAD {extension}")
+
+    def scan(self, tables: PortTables, port: str) -> str:
+        """The table function reading ``port``'s table: ``delta_scan`` of its folder, or
+        ``iceberg_scan`` of its current metadata file."""
+        if tables.fmt == "delta":
+            return f"delta_scan('{tables.delta_uri(port)}')"
+        return f"iceberg_scan('{tables.iceberg(port).metadata_location}')"
+
+    def read(self, tables: PortTables, port: str, where: str = "true") -> pa.Table:
+        query = f"SELECT * FROM {self.scan(tables, port)} WHERE {where}"
+        return self.connection.sql(query).fetch_arrow_table()
+
+    def files_read(self, tables: PortTables, port: str, where: str) -> int:
+        """How many of the table's data files a scan filtered by ``where`` read: the scan's
+        ``Total Files Read`` in ``EXPLAIN ANALYZE`` (a Delta scan also shows ``Scanning Files:
+        <read>/<all>``, whose total must be the table's)."""
+        query = f"EXPLAIN ANALYZE SELECT * FROM {self.scan(tables, port)} WHERE {where}"
+        plan = self.connection.sql(query).fetchall()[0][1]
+        found = re.search(r"Total Files Read: (\d+)", plan)
+        assert found is not None, plan
+        scanning = re.search(r"Scanning Files: (\d+)/(\d+)", plan)
+        if scanning is not None:
+            assert int(scanning.group(1)) == int(found.group(1)), plan
+            assert int(scanning.group(2)) == len(tables.table_files(port)), plan
+        return int(found.group(1))
 
 
 # -- the reference, window by window -----------------------------------------------------------

@@ -10,7 +10,10 @@ For ``outputFormat=delta`` and ``iceberg`` alike:
   same checkpoint and a fresh checkpoint on the existing store commit no window twice;
 * the same on moto's S3 server (Iceberg with a SQL catalog in a local SQLite file);
 * bad options fail before any output, naming what is wrong (mostly without Spark, through
-  ``plan_for``).
+  ``plan_for``);
+* DuckDB, an independent reader, reads every port table with the same rows as delta-rs and
+  pyiceberg, and skips files by their statistics; Iceberg snapshots carry their summary totals
+  and data files their column metrics.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from lakehouse import FORMATS, PortTables, batch_write, check_tables, per_window, store_of
+from lakehouse import (
+    FORMATS,
+    DuckDB,
+    PortTables,
+    batch_write,
+    check_tables,
+    per_window,
+    rows_of,
+    store_of,
+)
 from pyspark.errors import StreamingQueryException
 from servers import S3Server, free_port
 from streams import PORT_NAMES, output_listing, run_stream, start_stream, windows_of, write_batches
@@ -463,3 +475,87 @@ def test_a_stream_switching_a_parquet_store_to_delta_fails_before_any_output(
     message = str(caught.value)
     assert "outputFormat" in message and "delta" in message and "parquet" in message, message
     assert output_listing(out) == before
+
+
+# -- DuckDB and the tables' statistics -----------------------------------------------------------
+
+
+def ordered_tables(workdir: Path, fmt: str, windows: list[pa.Table]) -> PortTables:
+    """The ordered stream's windows through the sink (in this process, two partitions)."""
+    output = workdir / "out"
+    tables = PortTables(fmt, output)
+    options = {**tables.sink_options(), **MODES["ordered"][0]}
+    sink = LocalSink(options, windows[0].schema)
+    for batch_id, window in enumerate(windows):
+        sink.window(batch_id, window, partitions=2)
+    return tables
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_duckdb_reads_every_port_table_as_the_formats_own_reader(workdir: Path, fmt: str) -> None:
+    tables = ordered_tables(workdir, fmt, ordered_stream())
+    duckdb = DuckDB()
+    for port in PORT_NAMES:
+        own = tables.read(port)
+        seen = duckdb.read(tables, port)
+        assert own.num_rows > 0, port  # the stream sends rows to every port
+        assert seen.schema.names == own.schema.names, port
+        assert rows_of(seen, own.schema.names) == rows_of(own, own.schema.names), port
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_duckdb_skips_the_files_a_filter_on_the_expiry_column_rules_out(
+    workdir: Path, fmt: str
+) -> None:
+    """Each window's unique rows are one file of their own range of the expiry key: a filter
+    on it reads only the files whose statistics (Delta's add stats, Iceberg's bounds) overlap."""
+    windows = [
+        pa.table({"id": ints(*ids), "seq": ints(*ids), "body": body_of(list(ids))})
+        for ids in ([1, 2, 3], [11, 12, 13], [21, 22, 23], [31, 32, 33])
+    ]
+    tables = ordered_tables(workdir, fmt, windows)
+    duckdb = DuckDB()
+    files = len(tables.table_files("unique"))
+    assert files >= len(windows)
+    assert duckdb.files_read(tables, "unique", "seq > 0") == files
+    assert duckdb.files_read(tables, "unique", "seq > 25") == 2  # the last window: one a partition
+    assert duckdb.files_read(tables, "unique", "seq > 100") == 0
+    assert sorted(duckdb.read(tables, "unique", "seq > 25").column("id").to_pylist()) == [
+        31,
+        32,
+        33,
+    ]
+
+
+def test_iceberg_snapshots_carry_totals_and_data_files_their_column_metrics(
+    workdir: Path,
+) -> None:
+    tables = ordered_tables(workdir, "iceberg", ordered_stream())
+    for port in PORT_NAMES:
+        table = tables.iceberg(port)
+        snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number)
+        assert snapshots, port
+        records = files = size = 0
+        for snapshot in snapshots:
+            summary = snapshot.summary
+            assert summary is not None
+            added = snapshot.manifests(table.io)
+            entries = [e for m in added for e in m.fetch_manifest_entry(table.io)]
+            new = [e.data_file for e in entries if e.snapshot_id == snapshot.snapshot_id]
+            assert int(summary["added-data-files"]) == len(new), port
+            assert int(summary["added-records"]) == sum(f.record_count for f in new), port
+            assert int(summary["added-files-size"]) == sum(f.file_size_in_bytes for f in new)
+            records += int(summary["added-records"])
+            files += len(new)
+            size += int(summary["added-files-size"])
+            assert int(summary["total-records"]) == records, port
+            assert int(summary["total-data-files"]) == files, port
+            assert int(summary["total-files-size"]) == size, port
+        field_ids = {table.schema().find_field(name).field_id for name in ("id", "seq")}
+        for task in table.scan().plan_files():
+            data = task.file
+            for field_id in field_ids:
+                assert data.value_counts[field_id] == data.record_count, port
+                nulls = data.null_value_counts[field_id]
+                if nulls < data.record_count:  # a column of nulls only has no bounds
+                    assert field_id in data.lower_bounds and field_id in data.upper_bounds, port

@@ -18,7 +18,7 @@ import pyarrow as pa
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import OUTPUT_FORMAT, PATH, DedupOptions
 from dedupsink.ports.encoding import port_schema
-from dedupsink.ports.output import STAGED, Layout, Output, PortFile
+from dedupsink.ports.output import STAGED, FileStats, Layout, Output, PortFile
 from dedupsink.store.format import PortState
 from dedupsink.store.records import LogEntry, Move, Publication
 from dedupsink.store.storage import join
@@ -37,9 +37,9 @@ class PortFormat(ABC):
     # schema (plain Parquet); tables are created with theirs.
     schema_files: ClassVar[bool] = False
 
-    def __init__(self, options: DedupOptions) -> None:
+    def __init__(self, options: DedupOptions, file_stats: FileStats = None) -> None:
         self.options = options
-        self.output = Output(options.path, options.storage_options, PATH, self.layout)
+        self.output = Output(options.path, options.storage_options, PATH, self.layout, file_stats)
 
     # -- at query start (driver, before any output) ------------------------------------------
 
@@ -56,6 +56,11 @@ class PortFormat(ABC):
         first commit (a format whose query start has nothing to check on a new output)."""
         return None
 
+    def file_stats(self) -> FileStats:
+        """Which columns of each port get statistics in the format's own record of a file
+        (Delta's add actions), worked out by the tasks as they write it; None: none."""
+        return None
+
     @abstractmethod
     def has_windows(self) -> bool:
         """Whether the ports already hold a published window (of whichever store)."""
@@ -70,7 +75,7 @@ class PortFormat(ABC):
         state.files += len(files)
         state.rows += sum(f.rows for f in files)
         state.next_log += 1  # windows published to the port (Parquet's log ids count the same)
-        return [Move(f.path, f.path, f.size, f.rows) for f in files], None
+        return [Move(f.path, f.path, f.size, f.rows, f.stats) for f in files], None
 
     @abstractmethod
     def publish(self, publication: Publication, store_id: str) -> None:

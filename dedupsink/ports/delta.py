@@ -17,11 +17,13 @@ from urllib.parse import parse_qsl, quote
 
 import pyarrow as pa
 
+from dedupsink import __version__
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
 from dedupsink.options import OUTPUT_FORMAT, PATH
 from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
-from dedupsink.ports.output import Layout
+from dedupsink.ports.output import FileStats, Layout, staging_batch
+from dedupsink.ports.stats import StatsColumns
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import Move, Publication
 from dedupsink.store.storage import Storage
@@ -41,7 +43,10 @@ TABLE_CONFIGURATION = {"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
 # the store and window it published. The next commit is the conditional create of the entry
 # after it.
 _own_commits: dict[str, OwnCommit] = RUNTIME.cache("ports.delta_own_commits", dict)
-_CLIENT = "dedupsink"
+# Who wrote a commit, as Delta's commitInfo names it (Spark: "Apache-Spark/<v> Delta-Lake/<v>").
+ENGINE_INFO = f"dedupsink/{__version__}"
+# The writer features a blind append of files honours as it is (a table of writer version 7).
+_APPEND_WRITER_FEATURES = frozenset({"appendOnly", "timestampNtz"})
 # The tables this process has read, by URI and storage options: brought up to date with the
 # commits since (one listing of the log) instead of read again from the last checkpoint, a
 # read that grows to a hundred commits between checkpoints. The driver's commit process lives
@@ -144,6 +149,17 @@ class DeltaPorts(PortFormat):
                 f"(differ: {'; '.join(differences)}); write to a new path for a new schema",
             )
 
+    def file_stats(self) -> FileStats:
+        """Each table's stats columns, by its ``delta.dataSkipping*`` properties (delta-rs's
+        defaults for a table not created yet)."""
+        deltalake = _deltalake()
+        chosen = []
+        for port in PORTS:
+            table = self._table(deltalake, port)
+            configuration = {} if table is None else table.metadata().configuration
+            chosen.append((port, StatsColumns.of_configuration(configuration)))
+        return tuple(chosen)
+
     def has_windows(self) -> bool:
         deltalake = _deltalake()
         for port in PORTS:
@@ -190,32 +206,35 @@ class DeltaPorts(PortFormat):
             if self._append(port, own.table_version + 1, files, publication, store_id):
                 return
         _own_commits.pop(uri, None)  # another writer committed: read the table again
-        actions = _add_actions(port, files, publication)
-        properties = _commit_properties(self.app_id(store_id, port), store_id, publication)
         for _ in range(_COMMIT_ROUNDS):
             table = self._table(deltalake, port)
             if table is None:
                 raise PortTableError(f"the Delta table {self.table_uri(port)} is gone")
             if self._committed(table, store_id, port, publication):
                 return
-            try:
-                table.create_write_transaction(
-                    actions, mode="append", schema=table.schema(), commit_properties=properties
-                )
-                # With no retry, the commit took the version after the one read.
-                own = OwnCommit(table.version() + 1, store_id, publication.version)
-                _own_commits[uri] = own
+            self._check_protocol(table, port)
+            # The conditional create of the entry after the one read, as delta-rs commits
+            # without retrying: a loser reads the table again.
+            if self._append(port, table.version() + 1, files, publication, store_id):
                 return
-            except deltalake.exceptions.CommitFailedError:
-                continue  # another commit took the table's next version: read it again
-            except deltalake.exceptions.DeltaError as exc:
-                raise PortTableError(
-                    f"cannot commit window {publication.version} to the Delta table "
-                    f"{self.table_uri(port)}: {exc}"
-                ) from exc
         raise PortTableError(
             f"the Delta table {self.table_uri(port)} kept changing under the commit of window "
             f"{publication.version} ({_COMMIT_ROUNDS} rounds): another writer is committing to it"
+        )
+
+    def _check_protocol(self, table: Any, port: str) -> None:
+        """Refuse a table whose protocol asks writers for more than a blind append of files
+        honours (constraints, generated columns, column mapping, ...)."""
+        protocol = table.protocol()
+        version = protocol.min_writer_version
+        features = set(protocol.writer_features or ())
+        if version <= 2 or (version == 7 and features <= _APPEND_WRITER_FEATURES):
+            return
+        asked = ", ".join(sorted(features - _APPEND_WRITER_FEATURES)) or f"writer version {version}"
+        raise PortTableError(
+            f"the Delta table {self.table_uri(port)} asks its writers for {asked}, which the "
+            "sink's appends do not honour; it writes tables of writer version 2 or with the "
+            f"writer features {', '.join(sorted(_APPEND_WRITER_FEATURES))}"
         )
 
     def _append(
@@ -264,21 +283,11 @@ def commit_entry(
     app_id: str, port: str, files: list[Move], publication: Publication, store_id: str
 ) -> bytes:
     """A Delta log entry adding ``files`` to ``port``'s table with the window's application
-    transaction, as delta-rs writes a blind append (the Delta protocol's actions, one JSON
+    transaction: the actions of a blind append as Spark's Delta writer makes one (one JSON
     object a line)."""
     at = publication.modified_ms
     actions: list[dict[str, Any]] = [
-        {
-            "commitInfo": {
-                "timestamp": at,
-                "operation": "WRITE",
-                "operationParameters": {"mode": "Append"},
-                "isBlindAppend": True,
-                "clientVersion": _CLIENT,
-                "dedupsink.store": store_id,
-                "dedupsink.version": str(publication.version),
-            }
-        },
+        {"commitInfo": commit_info(files, publication, store_id)},
         {"txn": {"appId": app_id, "version": publication.version, "lastUpdated": at}},
     ]
     for move in files:
@@ -288,10 +297,36 @@ def commit_entry(
             "size": move.size or 0,
             "modificationTime": at,
             "dataChange": True,
-            "stats": json.dumps({"numRecords": move.rows or 0}),
+            "stats": _stats(move),
         }
         actions.append({"add": add})
     return "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
+
+
+def commit_info(files: list[Move], publication: Publication, store_id: str) -> dict[str, Any]:
+    """The commitInfo of a window's append: Spark's for a WRITE in append mode (its metrics as
+    strings, as Spark writes them), the engine, and the store window and the query and batch it
+    came from (``DeltaTable.history()`` shows every field)."""
+    info: dict[str, Any] = {
+        "timestamp": publication.modified_ms,
+        "operation": "WRITE",
+        "operationParameters": {"mode": "Append", "partitionBy": "[]"},
+        "isolationLevel": "Serializable",
+        "isBlindAppend": True,
+        "operationMetrics": {
+            "numFiles": str(len(files)),
+            "numOutputRows": str(sum(move.rows or 0 for move in files)),
+            "numOutputBytes": str(sum(move.size or 0 for move in files)),
+        },
+        "engineInfo": ENGINE_INFO,
+        "clientVersion": ENGINE_INFO,
+        "dedupsink.store": store_id,
+        "dedupsink.version": str(publication.version),
+    }
+    batch = staging_batch(publication.folder)
+    if batch is not None:
+        info["dedupsink.query"], info["dedupsink.batch"] = batch[0], str(batch[1])
+    return info
 
 
 def _deltalake() -> Any:
@@ -398,33 +433,7 @@ def _with_defaults(translated: dict[str, str], endpoint: str, allow_http: str) -
     return translated
 
 
-def _add_actions(port: str, files: list[Move], publication: Publication) -> list[Any]:
-    """Delta's add action of each file, with its size and row count (the driver reads none)."""
-    from deltalake.transaction import AddAction
-
-    return [
-        AddAction(
-            move.target[len(port) + 1 :],
-            move.size or 0,
-            {},
-            publication.modified_ms,
-            True,
-            json.dumps({"numRecords": move.rows or 0}),
-        )
-        for move in files
-    ]
-
-
-def _commit_properties(app_id: str, store_id: str, publication: Publication) -> Any:
-    """The application transaction that makes the commit idempotent, and no retry: a conflict
-    is read again here, where the table is asked whether the window is already in it."""
-    from deltalake.transaction import CommitProperties, Transaction
-
-    return CommitProperties(
-        app_transactions=[Transaction(app_id, publication.version)],
-        custom_metadata={
-            "dedupsink.store": store_id,
-            "dedupsink.version": str(publication.version),
-        },
-        max_commit_retries=0,
-    )
+def _stats(move: Move) -> str:
+    """A file's add-action statistics: those its task worked out from the file's footer, or the
+    row count alone (a publication recorded before the tasks worked them out)."""
+    return move.stats or json.dumps({"numRecords": move.rows or 0})

@@ -6,6 +6,7 @@ from dedupsink.options import DedupOptions
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.delta import DeltaPorts
 from dedupsink.ports.iceberg import IcebergPorts
+from dedupsink.ports.output import FileStats
 from dedupsink.ports.parquet import ParquetPorts
 
 FORMATS: dict[str, type[PortFormat]] = {
@@ -15,6 +16,7 @@ FORMATS: dict[str, type[PortFormat]] = {
 }
 
 
-def port_format(options: DedupOptions) -> PortFormat:
-    """The ports of ``options.path`` in the format the options name."""
-    return FORMATS[options.output_format](options)
+def port_format(options: DedupOptions, file_stats: FileStats = None) -> PortFormat:
+    """The ports of ``options.path`` in the format the options name; ``file_stats``: the
+    statistics its tasks work out (``PortFormat.file_stats``)."""
+    return FORMATS[options.output_format](options, file_stats)

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from dedupsink.options import PATH
 from dedupsink.ports.encoding import open_parquet_writer, read_parquet
+from dedupsink.ports.stats import StatsColumns, delta_stats
 from dedupsink.store.storage import Storage, basename
 
 STAGING_DIR = "_staging"
@@ -52,18 +53,27 @@ class Layout:
 STAGED = Layout()
 
 
+# Which columns of each port get Delta statistics in a file's add action, by port (None: the
+# format keeps no per-file statistics of its own).
+FileStats = tuple[tuple[str, StatsColumns], ...] | None
+
+
 @dataclass
 class PortFile:
-    """A staged Parquet file of one port: its path (relative to the output root), rows, bytes."""
+    """A staged Parquet file of one port: its path (relative to the output root), rows, bytes,
+    and the statistics its Delta add action carries (None for other formats)."""
 
     port: str
     path: str
     rows: int
     size: int
+    stats: str | None = None
 
 
 class Output:
-    """The output root of one sink; pickles as its URL and storage options."""
+    """The output root of one sink; pickles as its URL and storage options. ``file_stats``:
+    the Delta statistics each port's files get, worked out from each file's footer as it is
+    written."""
 
     def __init__(
         self,
@@ -71,13 +81,16 @@ class Output:
         storage_options: dict[str, Any] | None = None,
         option: str = PATH,
         layout: Layout = STAGED,
+        file_stats: FileStats = None,
     ) -> None:
         self.storage = Storage.for_url(url.rstrip("/"), storage_options, option)
         self.url = self.storage.url
         self.layout = layout
+        self.file_stats = file_stats
+        self._stats_of = dict(file_stats or ())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Output, (self.url, self.storage.options, PATH, self.layout))
+        return (Output, (self.url, self.storage.options, PATH, self.layout, self.file_stats))
 
     def path(self, relative: str) -> str:
         return self.storage.path(relative)
@@ -103,10 +116,26 @@ class Output:
 
     def write_table(self, relative: str, table: pa.Table | pa.RecordBatch) -> int:
         """Write a staged Parquet file; returns its size in bytes."""
+        return self._write(relative, table)[0]
+
+    def write_port_file(self, port: str, relative: str, table: pa.Table) -> PortFile:
+        """Write a staged Parquet file of ``port``: its record, statistics included."""
+        size, writer = self._write(relative, table)
+        return PortFile(port, relative, table.num_rows, size, self.stats(port, writer))
+
+    def _write(
+        self, relative: str, table: pa.Table | pa.RecordBatch
+    ) -> tuple[int, pq.ParquetWriter]:
         with self.open_staged(relative) as handle:
             with open_parquet_writer(handle, table) as writer:
                 writer.write(table)
-            return int(handle.tell())
+            return int(handle.tell()), writer
+
+    def stats(self, port: str, closed: pq.ParquetWriter) -> str | None:
+        """The Delta statistics of the file ``closed`` wrote, from its footer (None where the
+        format keeps none)."""
+        columns = self._stats_of.get(port)
+        return None if columns is None else delta_stats(closed.writer.metadata, columns)
 
     def read_table(self, relative: str) -> pa.Table:
         with self.storage.fs.open(self.path(relative), "rb") as handle:
@@ -167,6 +196,7 @@ class PortWriters:
             writer.close()
             record.size = int(handle.tell())
             handle.close()
+            record.stats = self.output.stats(port, writer)
             self._closed.append(record)
 
     def closed(self, port: str) -> list[PortFile]:
@@ -180,8 +210,7 @@ class PortWriters:
             del self._closed[at]
             return
         relative = self.output.new_staging_file(self.folder, old.port, self.partition, self.attempt)
-        size = self.output.write_table(relative, rows)
-        self._closed[at] = PortFile(old.port, relative, rows.num_rows, size)
+        self._closed[at] = self.output.write_port_file(old.port, relative, rows)
 
     def close(self) -> list[PortFile]:
         for port in list(self._open):
@@ -203,6 +232,16 @@ def staging_folder(window: int, query_id: str, batch_id: int, run: str) -> str:
     query runs the batch again in a folder of its own: tasks settle with the keys staged in
     their folder, and a dead run's keys, of rows partitioned otherwise, must not be among them."""
     return f"{STAGING_DIR}/w{window:010d}-{query_id}-{batch_id}-{run}"
+
+
+def staging_batch(folder: str) -> tuple[str, int] | None:
+    """The query and batch of a window's staging folder (``staging_folder``); None for a name
+    of another form. A run and a batch hold no ``-``; a query id may."""
+    head, _, rest = basename(folder).partition("-")
+    query, batch, run = [*rest.rsplit("-", 2), "", ""][:3]
+    if staging_window(head) < 0 or not batch.isdigit() or not query or not run:
+        return None
+    return query, int(batch)
 
 
 def staging_window(name: str) -> int:

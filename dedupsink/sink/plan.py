@@ -21,7 +21,7 @@ from dedupsink.errors import DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
 from dedupsink.ports.base import PortFormat
 from dedupsink.ports.formats import port_format
-from dedupsink.ports.output import Output
+from dedupsink.ports.output import FileStats, Output
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer
@@ -32,6 +32,10 @@ from dedupsink.store.store import BucketStore, check_settings
 # micro-batch again (and once more for its commit): the checks, a few requests on an object
 # store, are made once a process; tasks and commits check what they rely on themselves.
 _checked: set[tuple[str, ...]] = RUNTIME.cache("sink.checked_plans", set)
+# The statistics each output's port files get (by output URL and storage options), read from
+# its tables once a process: tasks work them out as they write (a table's stats columns
+# changed while a query runs apply from its next start).
+_file_stats: dict[tuple[str, str], FileStats] = RUNTIME.cache("sink.file_stats", dict)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class SinkPlan:
     settings: Settings
     schema: pa.Schema
     run: str = ""
+    file_stats: FileStats = None  # which columns of each port's files get statistics
 
     @property
     def store(self) -> BucketStore:
@@ -50,7 +55,7 @@ class SinkPlan:
 
     @property
     def ports(self) -> PortFormat:
-        return port_format(self.options)
+        return port_format(self.options, self.file_stats)
 
     @property
     def output(self) -> Output:
@@ -86,10 +91,19 @@ def plan_for(
     written."""
     options = with_absolute_paths(DedupOptions.parse(raw))
     plan = SinkPlan(options, resolve(options, schema), schema, run)
-    if check != "never":
-        with options.masking():
+    with options.masking():
+        if check != "never":
             prepare_store_and_ports(plan, once=check == "once")
-    return plan
+        return replace(plan, file_stats=file_stats_of(plan))
+
+
+def file_stats_of(plan: SinkPlan) -> FileStats:
+    """The statistics the plan's port files get, asked of its ports once a process."""
+    options = plan.options
+    key = (options.path, repr(sorted(options.storage_options.items())))
+    if key not in _file_stats:
+        _file_stats[key] = plan.ports.file_stats()
+    return _file_stats[key]
 
 
 def with_absolute_paths(options: DedupOptions) -> DedupOptions:

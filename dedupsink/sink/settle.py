@@ -497,7 +497,7 @@ def _write_staged_file(
     if not rows.num_rows:
         return None
     relative = output.new_staging_file(task.folder, port, task.partition, task.attempt)
-    return PortFile(port, relative, rows.num_rows, output.write_table(relative, rows))
+    return output.write_port_file(port, relative, rows)
 
 
 def staged_files(tasks: Iterable[SettlingTask], moves: Iterable[Moved]) -> list[str]:

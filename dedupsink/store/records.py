@@ -133,12 +133,14 @@ class Move:
     """One port file of a window: where its task staged it and the name it is published under
     (both relative to the output root: the same name where a format's tasks write straight
     into its tables), its size in bytes and its rows (None in plans written before they were
-    recorded)."""
+    recorded), and for Delta ports the ``stats`` JSON its add action carries (None: not
+    worked out, as in plans written before it was)."""
 
     staged: str
     target: str
     size: int | None
     rows: int | None = None
+    stats: str | None = None
 
     @property
     def port(self) -> str:
@@ -151,12 +153,14 @@ class Move:
         return self.staged == self.target
 
     def to_wire(self) -> list[Any]:
-        return [self.staged, self.target, self.size, self.rows]
+        wire = [self.staged, self.target, self.size, self.rows]
+        # Without statistics a move is written as before they existed: the same bytes.
+        return wire if self.stats is None else [*wire, self.stats]
 
     @classmethod
     def from_wire(cls, value: Any) -> Move:
-        staged, target, size, rows = value
-        return cls(staged, target, size, rows)
+        staged, target, size, rows, *rest = value
+        return cls(staged, target, size, rows, rest[0] if rest else None)
 
 
 @dataclass(frozen=True)
