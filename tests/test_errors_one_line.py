@@ -137,7 +137,10 @@ def test_an_endpoint_where_nothing_answers_is_shown(
 ) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"  # a wrong port
     storage = {"endpoint_url": endpoint, "key": "test-key", "secret": SECRET}
-    accepted = f"expected a reachable S3 endpoint: nothing answers at {endpoint} (fs.endpoint_url)"
+    accepted = (
+        f"expected a reachable S3 endpoint: nothing answers at {endpoint} (fs.endpoint_url) "
+        "(connection refused)"
+    )
     config = job(tmp_path, storage)
     assert error_line(["validate", config], capsys) == (
         f"dedupsink: error: {config}:5: option path='s3://dedup-tests/cli' is invalid: {accepted}"
