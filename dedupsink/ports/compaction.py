@@ -66,6 +66,8 @@ class TableState:
     version: int
     files: tuple[TableFile, ...]
     handle: Any = None
+    # Whether the latest commit is a compaction: then nothing is compacted until rows come.
+    compacted_last: bool = False
 
     def live(self) -> set[str]:
         return {f.path for f in self.files}
@@ -76,7 +78,7 @@ class PortCompaction:
     """What compacting one port did."""
 
     port: str
-    outcome: str  # "compacted", "nothing to do", "gave up"
+    outcome: str  # "compacted", "nothing to do", "nothing new since the last compaction", "gave up"
     files_before: int = 0
     files_after: int = 0
     removed: int = 0

@@ -52,6 +52,7 @@ class DeltaCompactor(TableCompactor):
             return None
         try:
             actions = pa.table(table.get_add_actions(flatten=True))
+            latest = table.history(1)
         except deltalake.exceptions.DeltaError as exc:
             raise PortTableError(f"cannot read the Delta table {self._uri(port)}: {exc}") from exc
         paths = actions.column("path").to_pylist()
@@ -65,7 +66,8 @@ class DeltaCompactor(TableCompactor):
             TableFile(f"{port}/{path}", int(size), None if count is None else int(count))
             for path, size, count in zip(paths, sizes, rows, strict=True)
         )
-        return TableState(int(table.version()), files, table)
+        compacted = bool(latest) and latest[0].get("operation") == "OPTIMIZE"
+        return TableState(int(table.version()), files, table, compacted)
 
     def commit(
         self,

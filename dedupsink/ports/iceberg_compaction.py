@@ -61,7 +61,11 @@ class IcebergCompactor(TableCompactor):
                 TableFile(relative, int(data_file.file_size_in_bytes), int(data_file.record_count))
             )
         snapshot = table.current_snapshot()
-        return TableState(int(snapshot.snapshot_id), tuple(files), _Read(table, data_files))
+        summary = snapshot.summary
+        compacted = summary is not None and summary.operation.value == "replace"
+        return TableState(
+            int(snapshot.snapshot_id), tuple(files), _Read(table, data_files), compacted
+        )
 
     def commit(
         self,
@@ -76,22 +80,25 @@ class IcebergCompactor(TableCompactor):
         exceptions = _pyiceberg().exceptions
         read: _Read = base.handle
         handle = _without_retries(read.table)
+        transaction = handle.transaction()
+        producer = _replace_producer()(transaction, handle.io)
+        for gone in removed:
+            producer.delete_data_file(read.data_files[gone.path])
+        for new in added:
+            url = self.iceberg._url(self.output.path(new.path))
+            data_file = parquet_file_to_data_file(handle.io, transaction.table_metadata, url)
+            producer.append_data_file(data_file)
+        producer.commit()  # the snapshot's manifests and manifest list, named by nothing yet
         try:
-            with handle.transaction() as transaction:
-                producer = _replace_producer()(transaction, handle.io)
-                for gone in removed:
-                    producer.delete_data_file(read.data_files[gone.path])
-                for new in added:
-                    url = self.iceberg._url(self.output.path(new.path))
-                    data_file = parquet_file_to_data_file(
-                        handle.io, transaction.table_metadata, url
-                    )
-                    producer.append_data_file(data_file)
-                producer.commit()
-                snapshot_id = int(producer.snapshot_id)
+            self._swap(port, transaction)
         except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException):
             return None  # the table moved on, or the commit may have landed: read it again
-        return snapshot_id
+        return int(producer.snapshot_id)
+
+    def _swap(self, port: str, transaction: Any) -> None:
+        """The commit point: the catalog takes the new metadata only on top of the snapshot
+        read."""
+        transaction.commit_transaction()
 
     def _location(self, port: str) -> str:
         return self.iceberg.table_location(port).rstrip("/")
