@@ -5,11 +5,12 @@ through pyiceberg's catalog, never through the sink's code: the rows of each tab
 history as a list of commits (Delta commits with operation WRITE, Iceberg snapshots), each with
 the store version it records and the rows it added (the table at that commit minus the table at
 the one before). A port compaction's commit (Delta's OPTIMIZE, an Iceberg ``replace``
-snapshot) is no commit of rows: it is checked to change none and left out of that list. ``check_tables`` compares both with the reference model window by window: a
-port's table must hold exactly one commit per window that sent it rows, carrying exactly that
-window's rows, in window order, each tied to a distinct store version, the newest of which is
-the table's recorded publication (Delta's app transaction, the Iceberg summary) and the store's
-latest version that published rows to the port.
+snapshot) is no commit of rows: it is checked to change none and left out of that list.
+``check_tables`` compares both with the reference model window by window: a port's table must
+hold exactly one commit per window that sent it rows, carrying exactly that window's rows, in
+window order, each tied to a distinct store version, the newest of which is the table's recorded
+publication (Delta's app transaction, the Iceberg summary) and the store's latest version that
+published rows to the port.
 """
 
 from __future__ import annotations
