@@ -9,6 +9,7 @@ make a window's commit fail or publish it wrong, whichever of the two commits fi
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -19,10 +20,21 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from compaction_race import CompactionLoop
-from faults import ORDERED_OPTIONS, ROW_SCHEMA, assert_exactly_once, ordered_batch
+from faults import (
+    CONTROL_ENV,
+    ORDERED_OPTIONS,
+    ROW_SCHEMA,
+    Control,
+    FaultPoint,
+    InProcessSink,
+    assert_exactly_once,
+    fault_url,
+    ordered_batch,
+)
 from lakehouse import PortTables, check_tables, per_window
 
 from dedupsink.cli.main import main
+from dedupsink.errors import DedupOptionError
 from dedupsink.options import DedupOptions
 from dedupsink.ports.compaction import PortCompaction, TableFile, compact_ports, plan_bins
 from dedupsink.ports.delta import CHECKPOINT_INTERVAL, _own_commits
@@ -278,3 +290,66 @@ def test_compactions_in_another_process_racing_windows_lose_nothing(
     lost = sum(1 for _, outcome, rounds in outcomes if outcome == "compacted" and rounds > 1)
     print(f"\n{fmt}: compaction outcomes {dict(counts)}, commits that lost a round {lost}")
     assert counts["compacted"] >= 4, counts
+
+
+# -- compactEvery: compaction in the driver's commit ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "option", "accepted"),
+    [
+        ({"compactEvery": "-1"}, "compactEvery", "a whole number, 0 or more"),
+        ({"compactEvery": "often"}, "compactEvery", "a whole number, 0 or more"),
+        ({"compactEvery": "5"}, "compactEvery", "0 (off) with outputFormat=parquet"),
+        (
+            {"compactEvery": "5", "outputFormat": "delta", "compactTargetSize": "huge"},
+            "compactTargetSize",
+            "a size such as '128 MB'",
+        ),
+    ],
+)
+def test_compact_options_fail_the_query_before_any_output(
+    tmp_path: Path, given: dict[str, str], option: str, accepted: str
+) -> None:
+    out = tmp_path / "out"
+    sink = LocalSink({"path": str(out), "keys": "id", **given}, KEY_SCHEMA)
+    with pytest.raises(DedupOptionError) as refused:
+        sink.start()
+    expected = f"option {option}={given[option]!r} is invalid: expected {accepted}"
+    assert expected in str(refused.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_compact_every_compacts_in_the_commit_after_publishing(tmp_path: Path, fmt: str) -> None:
+    """``compactEvery=3``: after versions 3, 6 and 9 the commit compacts each port; the tables
+    hold one commit of rows per window and few files."""
+    out = tmp_path / "out"
+    options = {"path": str(out), **ORDERED_OPTIONS, "outputFormat": fmt, "compactEvery": "3"}
+    sink, inputs = LocalSink(options, ROW_SCHEMA), []
+    for _ in range(10):
+        run_window(sink, inputs)
+    tables = PortTables(fmt, out)
+    assert len(tables.table_files("unique")) == 2  # compacted at version 9, then window 10
+    check_against_reference(out, fmt, inputs)
+
+
+def test_a_failing_compaction_in_the_commit_is_logged_and_the_window_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first compaction's file write fails (a full disk, through the test filesystem): the
+    window's commit returns, the warning names the version, and the next compaction runs."""
+    control = Control(tmp_path / "control").setup(
+        [FaultPoint("full", "commit", op="open(wb)", path_part="compact-", action="raise")]
+    )
+    monkeypatch.setenv(CONTROL_ENV, str(control.dir))
+    out = tmp_path / "out"
+    options = {**ORDERED_OPTIONS, "outputFormat": "delta", "compactEvery": "2"}
+    sink, inputs = InProcessSink(fault_url(out), options, ROW_SCHEMA), []
+    with caplog.at_level(logging.WARNING, logger="dedupsink"):
+        for _ in range(4):
+            run_window(sink, inputs)
+    assert set(control.fired()) == {"full"}
+    assert "port compaction after version 2 skipped" in caplog.text
+    assert len(PortTables("delta", out).table_files("unique")) == 1  # compacted at version 4
+    check_against_reference(out, "delta", inputs)

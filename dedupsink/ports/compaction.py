@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import PortTableError
+from dedupsink.options import COMPACT_TARGET_SIZE_DEFAULT
 from dedupsink.ports.base import PortFormat, all_nullable
 from dedupsink.ports.encoding import open_parquet_writer
 from dedupsink.ports.output import Output
@@ -41,7 +42,7 @@ from dedupsink.ports.output import Output
 log = logging.getLogger("dedupsink")
 
 # Delta's OPTIMIZE and Spark's rewrite_data_files aim at files of about this size.
-TARGET_SIZE_DEFAULT = "128 MB"
+TARGET_SIZE_DEFAULT = COMPACT_TARGET_SIZE_DEFAULT
 # A commit that lost a race commits the same files on the next version; more rounds than this
 # means the table keeps changing faster than one commit.
 COMMIT_ROUNDS = 8
