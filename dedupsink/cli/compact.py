@@ -9,22 +9,38 @@ only; Parquet ports are refused with what to do instead.
 from __future__ import annotations
 
 import argparse
+from typing import Any, Protocol
 
-from dedupsink.cli.errors import ConfigError
-from dedupsink.cli.inspect import Location
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import (
     ICEBERG_CATALOG_PREFIX,
     OUTPUT_FORMAT_DEFAULT,
+    TABLE_FORMATS,
     DedupOptions,
     parse_catalog_properties,
 )
 from dedupsink.ports.compaction import TARGET_SIZE_DEFAULT, PortCompaction, compact_ports
 from dedupsink.ports.formats import compactor_for, port_format
+from dedupsink.store.store import BucketStore
 from dedupsink.units import parse_size
 
 TARGET_SIZE_ARGUMENT = "--target-size"
+
+
+class Located(Protocol):
+    """A store and its output as the store commands find them (``locate``)."""
+
+    @property
+    def store_url(self) -> str: ...
+
+    @property
+    def output_url(self) -> str | None: ...
+
+    @property
+    def storage_options(self) -> dict[str, Any]: ...
+
+    def store(self) -> BucketStore: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,19 +71,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", help="Iceberg: the sink's iceberg.table")
 
 
-def compact(location: Location, args: argparse.Namespace) -> list[PortCompaction]:
+def compact(location: Located, args: argparse.Namespace) -> list[PortCompaction]:
     """Compact the ports of ``location`` as the arguments say."""
     target = parse_size(TARGET_SIZE_ARGUMENT, args.target_size)
     store = location.store()
     manifest = store.read()
     if location.output_url is None:
-        raise ConfigError("PATH", f"store {location.store_url} records no output path to compact")
+        raise DedupOptionError("PATH", location.store_url, "a store whose output path is known")
     recorded = OUTPUT_FORMAT_DEFAULT if manifest is None else manifest.settings.output_format
-    if recorded not in ("delta", "iceberg"):
-        raise ConfigError(
+    if recorded not in TABLE_FORMATS:
+        raise DedupOptionError(
             "PATH",
-            f"the ports of {location.output_url} are outputFormat={recorded}: only Delta and "
-            "Iceberg port tables can be compacted (see README, 'Compacting the ports')",
+            location.output_url,
+            f"an output of Delta or Iceberg ports: its ports are outputFormat={recorded}, "
+            "which have no table log to compact in (see README, 'Compacting the ports')",
         )
     options = DedupOptions(
         path=location.output_url,
