@@ -78,6 +78,15 @@ STATE_CACHE_DIR = "stateCacheDir"
 # YARN's LOCAL_DIRS), else the system's temporary folder (store/shared.py).
 STATE_CACHE_DIR_DEFAULT = None
 
+COMPACT_EVERY = "compactEvery"
+# 0: off. N: the driver's commit compacts the port tables (delta, iceberg) after publishing every
+# N-th store version, so a day of one-minute windows does not leave thousands of small files.
+COMPACT_EVERY_DEFAULT = 0
+COMPACT_TARGET_SIZE = "compactTargetSize"
+# What Delta's OPTIMIZE aims at by default.
+COMPACT_TARGET_SIZE_DEFAULT = "128 MB"
+TABLE_FORMATS = ("delta", "iceberg")
+
 # A bucket span, when not given, is this fraction of the expiry period: 16 time buckets keep
 # each bucket small while one expiry period of history needs few files per bucket.
 BUCKETS_PER_PERIOD_DEFAULT = 16
@@ -93,6 +102,16 @@ def parse_positive_int(option: str, text: str) -> int:
         raise DedupOptionError(option, text, "a positive whole number") from exc
     if value <= 0:
         raise DedupOptionError(option, text, "a positive whole number")
+    return value
+
+
+def parse_non_negative_int(option: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError as exc:
+        raise DedupOptionError(option, text, "a whole number, 0 or more") from exc
+    if value < 0:
+        raise DedupOptionError(option, text, "a whole number, 0 or more")
     return value
 
 
@@ -161,6 +180,11 @@ class DedupOptions:
     sequence_key: str | None = None
     # A local folder for the machine's shared, memory-mapped copy of the store's segments.
     state_cache_dir: str | None = STATE_CACHE_DIR_DEFAULT
+    # Port compaction in the driver's commit: every N store versions (0: never), to this size.
+    compact_every: int = COMPACT_EVERY_DEFAULT
+    compact_target_size: Size = field(
+        default_factory=lambda: parse_size(COMPACT_TARGET_SIZE, COMPACT_TARGET_SIZE_DEFAULT)
+    )
 
     def __post_init__(self) -> None:
         if not self.store_path:
@@ -221,6 +245,14 @@ class DedupOptions:
         the stream's schema (and the mode a column implies) are ``engine.settings.resolve``'s."""
         self._check_iceberg()
         self._check_sequence()
+        if self.compact_every and self.output_format not in TABLE_FORMATS:
+            raise DedupOptionError(
+                COMPACT_EVERY,
+                str(self.compact_every),
+                f"0 (off) with outputFormat={self.output_format}: only the tables of "
+                "outputFormat=delta and iceberg are compacted (Parquet ports have no table log "
+                "to swap files in)",
+            )
         if self.expiry_mode not in (None, "systemTime") and self.expiry_key is None:
             raise DedupOptionError(
                 EXPIRY_KEY,
@@ -389,6 +421,8 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec(ASSUME_SAME_EXPIRY, "assume_same_expiry", parse_bool, bool_text),
     OptionSpec(SEQUENCE_KEY, "sequence_key", lambda _, text: text),
     OptionSpec(STATE_CACHE_DIR, "state_cache_dir", lambda _, text: text.rstrip("/") or "/"),
+    OptionSpec(COMPACT_EVERY, "compact_every", parse_non_negative_int),
+    OptionSpec(COMPACT_TARGET_SIZE, "compact_target_size", parse_size, _text_of),
 )
 SINK_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
 

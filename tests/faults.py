@@ -419,8 +419,11 @@ def table_point(port: str, committed: bool = False) -> str:
 
 
 from dedupsink.ports import formats as _formats  # noqa: E402
+from dedupsink.ports.compaction import TableFile, TableState  # noqa: E402
 from dedupsink.ports.delta import DeltaPorts  # noqa: E402
+from dedupsink.ports.delta_compaction import DeltaCompactor  # noqa: E402
 from dedupsink.ports.iceberg import IcebergPorts  # noqa: E402
+from dedupsink.ports.iceberg_compaction import IcebergCompactor  # noqa: E402
 
 
 class FaultyDeltaPorts(DeltaPorts):
@@ -441,10 +444,54 @@ class FaultyIcebergPorts(IcebergPorts):
         at_point(table_point(port, committed=True))
 
 
+def compaction_point(port: str, step: str) -> str:
+    """The ``where`` of a point in a port compaction: ``commit`` (its files written, before
+    the commit), ``swap`` (Iceberg: the snapshot's manifests written, before the catalog takes
+    it) or ``committed`` (right after the commit)."""
+    return f"compact-{step}:{port}"
+
+
+def _struck_commit(
+    commit: Callable[..., int | None],
+    port: str,
+    base: TableState,
+    removed: Sequence[TableFile],
+    added: Sequence[TableFile],
+    target_size: int,
+) -> int | None:
+    at_point(compaction_point(port, "commit"))
+    committed = commit(port, base, removed, added, target_size)
+    if committed is not None:
+        at_point(compaction_point(port, "committed"))
+    return committed
+
+
+class FaultyDeltaCompactor(DeltaCompactor):
+    """Delta port compaction with a point on each side of each port's OPTIMIZE commit."""
+
+    def commit(self, port: str, *args: Any) -> int | None:
+        return _struck_commit(super().commit, port, *args)
+
+
+class FaultyIcebergCompactor(IcebergCompactor):
+    """Iceberg port compaction with points before its snapshot, before the catalog's swap and
+    after it."""
+
+    def commit(self, port: str, *args: Any) -> int | None:
+        return _struck_commit(super().commit, port, *args)
+
+    def _swap(self, port: str, transaction: Any) -> None:
+        at_point(compaction_point(port, "swap"))
+        super()._swap(port, transaction)
+
+
 def install_table_hooks() -> None:
-    """Publish ``delta`` and ``iceberg`` outputs of this process through the classes above."""
+    """Publish and compact ``delta`` and ``iceberg`` outputs of this process through the
+    classes above."""
     _formats.FORMATS[FaultyDeltaPorts.name] = FaultyDeltaPorts
     _formats.FORMATS[FaultyIcebergPorts.name] = FaultyIcebergPorts
+    _formats.COMPACTORS[FaultyDeltaPorts.name] = FaultyDeltaCompactor
+    _formats.COMPACTORS[FaultyIcebergPorts.name] = FaultyIcebergCompactor
 
 
 if os.environ.get(TABLE_HOOKS_ENV):

@@ -22,6 +22,9 @@ With ``table_hooks`` in the config (set by ``faults.DriverProcess``, through the
 that Spark's Python workers see it too), Delta and Iceberg ports publish through the test
 subclasses of ``tests/faults.py``, whose points sit on either side of each port's table commit.
 
+A third engine, ``compact``, compacts the output's port tables once (``dedupsink compact``'s
+code) inside the fault scope ``compact``, where the test's points strike.
+
 The outcome goes to the config's ``result`` file as JSON: ``{"ok": true, "spark_counts": ...}``
 or ``{"ok": false, "error": "..."}`` (exit status 1).
 """
@@ -38,7 +41,13 @@ from typing import Any
 
 STARTED = time.monotonic()
 
-from faults import PORTS, FaultyDedupDataSource, InProcessSink, control  # noqa: E402
+from faults import (  # noqa: E402
+    PORTS,
+    FaultyDedupDataSource,
+    InProcessSink,
+    control,
+    fault_scope,
+)
 
 
 def run_spark(config: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +120,20 @@ def run_direct(config: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
+def run_compact(config: dict[str, Any]) -> dict[str, Any]:
+    from dedupsink.options import DedupOptions
+    from dedupsink.ports.compaction import compact_ports
+    from dedupsink.ports.formats import compactor_for, port_format
+
+    options = DedupOptions(path=config["output"], output_format=config["options"]["outputFormat"])
+    with fault_scope("compact", 0):
+        done = compact_ports(compactor_for(port_format(options)), 1 << 20)
+    return {"ok": True, "compactions": [[d.port, d.outcome, d.files_after] for d in done]}
+
+
+ENGINES = {"spark": run_spark, "direct": run_direct, "compact": run_compact}
+
+
 def main() -> int:
     config = json.loads(Path(sys.argv[1]).read_text())
     ctl = control()
@@ -118,9 +141,7 @@ def main() -> int:
         ctl.set_group(os.getpgid(0))
         ctl.note_process()
     try:
-        result = (
-            run_spark(config) if config.get("engine", "spark") == "spark" else run_direct(config)
-        )
+        result = ENGINES[config.get("engine", "spark")](config)
         status = 0
     except Exception as exc:  # the test reads the error text from the result file
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

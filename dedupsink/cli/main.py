@@ -1,5 +1,5 @@
 """The ``dedupsink`` command: ``run``, ``validate``, ``inspect``, ``history``, ``lookup``,
-``report``, ``release`` and ``repair``.
+``report``, ``release``, ``repair`` and ``compact``.
 
 Exit codes: 0 success, 1 a runtime failure (store owned by another query, a corrupt file, a
 failed query), 2 a usage, config or option error, 130 interrupted. Errors are one line on
@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 
 from dedupsink import __version__
+from dedupsink.cli import compact
 from dedupsink.cli.config import SPARK_PREFIX, load_config
 from dedupsink.cli.history import json_lines
 from dedupsink.cli.history import render as render_history
@@ -109,6 +110,12 @@ def _add_store_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "rewrite damaged or lost Spark sink-log entries of the ports from the store",
     )
     repair.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    compaction = _store_command(
+        commands,
+        "compact",
+        "rewrite the small files of Delta or Iceberg ports into fewer, larger ones (no Spark)",
+    )
+    compact.add_arguments(compaction)
 
 
 def _store_command(
@@ -290,6 +297,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    location = locate(args.path, args.store, _storage_options(args))
+    print(compact.render(compact.compact(location, args), location.output_url))
+    return 0
+
+
 COMMANDS = {
     "run": cmd_run,
     "validate": cmd_validate,
@@ -299,6 +312,7 @@ COMMANDS = {
     "report": cmd_report,
     "release": cmd_release,
     "repair": cmd_repair,
+    "compact": cmd_compact,
     "spark-home": cmd_spark_home,
 }
 

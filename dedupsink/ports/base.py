@@ -124,6 +124,11 @@ def table_schema(port: str, schema: pa.Schema) -> pa.Schema:
     return pa.schema([_nullable(f) for f in port_schema(port, schema)])
 
 
+def all_nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every column nullable at every depth (its metadata kept)."""
+    return pa.schema([_nullable(f) for f in schema], metadata=schema.metadata)
+
+
 def _nullable(field: pa.Field) -> pa.Field:
     kind = field.type
     if pa.types.is_struct(kind):

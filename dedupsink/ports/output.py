@@ -141,6 +141,11 @@ class Output:
         with self.storage.fs.open(self.path(relative), "rb") as handle:
             return read_parquet(handle)
 
+    def read_schema(self, relative: str) -> pa.Schema:
+        """A Parquet file's schema, from its footer."""
+        with self.storage.fs.open(self.path(relative), "rb") as handle:
+            return pq.read_schema(handle)
+
     def discard_staging(self, folder: str, known: list[str]) -> None:
         """Remove a window's staging folder, whose files are ``known`` (relative paths), and
         the known files staged elsewhere (in a table's folder, never committed)."""

@@ -16,6 +16,9 @@ Each step is safe to crash after (docs/ARCHITECTURE.md, "The commit protocol"):
 7. Record the window in the store's history (``store/history.py``), created only if absent;
    every ``GARBAGE_EVERY`` versions, before the garbage collection deletes old manifests,
    compact the history and write the rows a crash after a commit point left out.
+8. With ``compactEvery=N``, every N-th version: compact the port tables
+   (``ports/compaction.py``). The window is committed and published by then: a compaction that
+   fails is logged and skipped, never failing the window.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
+
 from dedupsink.engine.classify import stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
-from dedupsink.errors import StoreConflictError, StoreOwnershipError
+from dedupsink.errors import DedupError, StoreConflictError, StoreOwnershipError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.ports.base import PortFormat
+from dedupsink.ports.compaction import compact_ports
+from dedupsink.ports.formats import compactor_for
 from dedupsink.ports.output import Output
 from dedupsink.runtime import RUNTIME
 from dedupsink.sink.plan import SinkPlan
@@ -135,6 +142,7 @@ def commit_window(
     _after_publication(plan, committed, done, staged, writer)
     report = _report(plan, committed, done, writer, batch_id)
     log.info(report.line())
+    compact_after(plan, committed)
     log.debug("dedup window %s: state held by process %s", report.version, report.held_text())
     return report
 
@@ -153,6 +161,22 @@ def _after_publication(
     if plan.settings.by_sequence:
         store.discard_window_files(_folded_at_once(done, committed))
     _collect_garbage(store, output, committed, writer.run)
+
+
+def compact_after(plan: SinkPlan, committed: Manifest) -> None:
+    """Step 8: every ``compactEvery`` versions, compact the port tables. The window is
+    committed and published: a compaction that fails is logged and left to the next time."""
+    every = plan.options.compact_every
+    if not every or committed.version % every:
+        return
+    try:
+        compact_ports(compactor_for(plan.ports), plan.options.compact_target_size.nbytes)
+    except (DedupError, OSError, pa.ArrowException) as exc:
+        log.warning(
+            "dedup port compaction after version %s skipped (the window is committed): %s",
+            committed.version,
+            exc,
+        )
 
 
 def _base_version(

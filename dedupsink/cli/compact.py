@@ -1,0 +1,120 @@
+"""``dedupsink compact``: the small files of Delta or Iceberg port tables rewritten into fewer,
+larger ones, one table commit a port that changes no data (``ports/compaction.py``).
+
+Safe while a query writes to the ports: a window's commit and a compaction each take the next
+table version only if it is free, and the loser reads the table again. Parsing and printing
+only; Parquet ports are refused with what to do instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Protocol
+
+from dedupsink.engine.classify import PORTS
+from dedupsink.errors import DedupOptionError
+from dedupsink.options import (
+    ICEBERG_CATALOG_PREFIX,
+    OUTPUT_FORMAT_DEFAULT,
+    TABLE_FORMATS,
+    DedupOptions,
+    parse_catalog_properties,
+)
+from dedupsink.ports.compaction import TARGET_SIZE_DEFAULT, PortCompaction, compact_ports
+from dedupsink.ports.formats import compactor_for, port_format
+from dedupsink.store.store import BucketStore
+from dedupsink.units import parse_size
+
+TARGET_SIZE_ARGUMENT = "--target-size"
+
+
+class Located(Protocol):
+    """A store and its output as the store commands find them (``locate``)."""
+
+    @property
+    def store_url(self) -> str: ...
+
+    @property
+    def output_url(self) -> str | None: ...
+
+    @property
+    def storage_options(self) -> dict[str, Any]: ...
+
+    def store(self) -> BucketStore: ...
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        TARGET_SIZE_ARGUMENT,
+        metavar="SIZE",
+        default=TARGET_SIZE_DEFAULT,
+        help=f"the size compacted files aim at, e.g. '64 MB' (default {TARGET_SIZE_DEFAULT}); "
+        "files this large or larger are left as they are",
+    )
+    parser.add_argument(
+        "--port",
+        dest="ports",
+        action="append",
+        choices=PORTS,
+        help="compact only this port (repeatable; default: all four)",
+    )
+    parser.add_argument(
+        "--catalog",
+        dest="catalog",
+        action="append",
+        default=[],
+        metavar="PROPERTY=VALUE",
+        help="Iceberg: a catalog property (repeatable), as the sink's iceberg.catalog.<property> "
+        "options; none: the embedded catalog of a local output",
+    )
+    parser.add_argument("--namespace", help="Iceberg: the sink's iceberg.namespace")
+    parser.add_argument("--table", help="Iceberg: the sink's iceberg.table")
+
+
+def compact(location: Located, args: argparse.Namespace) -> list[PortCompaction]:
+    """Compact the ports of ``location`` as the arguments say."""
+    target = parse_size(TARGET_SIZE_ARGUMENT, args.target_size)
+    store = location.store()
+    manifest = store.read()
+    if location.output_url is None:
+        raise DedupOptionError("PATH", location.store_url, "a store whose output path is known")
+    recorded = OUTPUT_FORMAT_DEFAULT if manifest is None else manifest.settings.output_format
+    if recorded not in TABLE_FORMATS:
+        raise DedupOptionError(
+            "PATH",
+            location.output_url,
+            f"an output of Delta or Iceberg ports: its ports are outputFormat={recorded}, "
+            "which have no table log to compact in (see README, 'Compacting the ports')",
+        )
+    options = DedupOptions(
+        path=location.output_url,
+        store_path=location.store_url,
+        output_format=recorded,
+        storage_options=location.storage_options,
+        iceberg_catalog=_catalog(args.catalog),
+        iceberg_namespace=args.namespace,
+        iceberg_table=args.table,
+    )
+    ports = port_format(options)
+    with options.masking():
+        return compact_ports(compactor_for(ports), target.nbytes, args.ports or PORTS)
+
+
+def _catalog(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        name, separator, value = item.partition("=")
+        if not separator or not name.strip():
+            raise DedupOptionError("--catalog", item.split("=")[0], "PROPERTY=VALUE, e.g. uri=...")
+        pairs[ICEBERG_CATALOG_PREFIX + name.strip()] = value
+    return parse_catalog_properties(pairs)
+
+
+def render(results: list[PortCompaction], output_url: str | None) -> str:
+    """One line a port, then the total."""
+    lines = [f"compacted the ports of {output_url}:"]
+    lines += [f"  {result.line()}" for result in results]
+    before = sum(r.files_before for r in results)
+    after = sum(r.files_after for r in results)
+    lines.append(f"  files: {before} -> {after}")
+    return "\n".join(lines)
