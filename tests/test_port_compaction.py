@@ -84,6 +84,11 @@ def last_commit_is_compaction(tables: PortTables, port: str) -> None:
         changes = [a.get("add") or a.get("remove") for a in actions[1:]]
         assert changes and all(change["dataChange"] is False for change in changes)
         assert {"add", "remove"} == {key for a in actions[1:] for key in a}
+        assert actions[0]["commitInfo"]["engineInfo"].startswith("dedupsink/")
+        for add in (a["add"] for a in actions[1:] if "add" in a):
+            stats = json.loads(add["stats"])  # as a window's files: skipping still works
+            assert {"numRecords", "minValues", "maxValues", "nullCount"} <= set(stats), stats
+            assert stats["numRecords"] > 0 and stats["minValues"], stats
         return
     snapshot = tables.iceberg(port).current_snapshot()
     assert snapshot is not None and snapshot.summary is not None

@@ -38,6 +38,7 @@ from dedupsink.options import COMPACT_TARGET_SIZE_DEFAULT
 from dedupsink.ports.base import PortFormat, all_nullable
 from dedupsink.ports.encoding import open_parquet_writer
 from dedupsink.ports.output import Output
+from dedupsink.ports.stats import StatsColumns, delta_stats
 
 log = logging.getLogger("dedupsink")
 
@@ -57,6 +58,7 @@ class TableFile:
     path: str
     size: int
     rows: int | None = None
+    stats: str | None = None  # a rewritten file's Delta statistics, from its footer
 
 
 @dataclass(frozen=True)
@@ -168,10 +170,16 @@ def plan_bins(files: Sequence[TableFile], target_size: int) -> list[list[TableFi
     return [group for group in bins if len(group) > 1]
 
 
-def rewrite(output: Output, sources: Sequence[TableFile], target: str) -> TableFile:
+def rewrite(
+    output: Output,
+    sources: Sequence[TableFile],
+    target: str,
+    columns: StatsColumns | None = None,
+) -> TableFile:
     """Write the rows of ``sources``, file after file in order, as one Parquet file ``target``
     (relative to the output root) in the sink's encoding, one source in memory at a time.
-    A column is written nullable where any source has it so (two queries may differ)."""
+    A column is written nullable where any source has it so (two queries may differ).
+    ``columns``: those the file's Delta statistics cover, as a window's files' do."""
     schemas = [output.read_schema(source.path) for source in sources]
     schema = all_nullable(pa.unify_schemas(schemas, promote_options="permissive"))
     rows = 0
@@ -183,7 +191,8 @@ def rewrite(output: Output, sources: Sequence[TableFile], target: str) -> TableF
                 writer.write_table(table)
                 rows += table.num_rows
         size = int(handle.tell())
-    return TableFile(target, size, rows)
+    stats = None if columns is None else delta_stats(writer.writer.metadata, columns)
+    return TableFile(target, size, rows, stats)
 
 
 def compact_port(compactor: TableCompactor, port: str, target_size: int) -> PortCompaction:
@@ -200,8 +209,10 @@ def compact_port(compactor: TableCompactor, port: str, target_size: int) -> Port
         return result
     removed = [f for group in bins for f in group]
     added = []
+    columns = dict(compactor.ports.file_stats() or ()).get(port)
     for index, group in enumerate(bins):
-        added.append(rewrite(compactor.output, group, compactor.new_file(port, group[0], index)))
+        target = compactor.new_file(port, group[0], index)
+        added.append(rewrite(compactor.output, group, target, columns))
         compactor.written.append(added[-1].path)
     for _ in range(COMMIT_ROUNDS):
         result.rounds += 1

@@ -30,10 +30,14 @@ import pyarrow as pa
 
 from dedupsink.errors import PortTableError
 from dedupsink.ports.compaction import TableCompactor, TableFile, TableState
-from dedupsink.ports.delta import CHECKPOINT_INTERVAL, DeltaPorts, _deltalake, _own_commits
+from dedupsink.ports.delta import (
+    CHECKPOINT_INTERVAL,
+    ENGINE_INFO,
+    DeltaPorts,
+    _deltalake,
+    _own_commits,
+)
 from dedupsink.store.ownership import now_ms
-
-_CLIENT = "dedupsink"
 
 
 class DeltaCompactor(TableCompactor):
@@ -121,7 +125,8 @@ def optimize_entry(
                 "readVersion": read_version,
                 "isBlindAppend": False,
                 "operationMetrics": metrics,
-                "clientVersion": _CLIENT,
+                "engineInfo": ENGINE_INFO,
+                "clientVersion": ENGINE_INFO,
             }
         }
     ]
@@ -142,7 +147,7 @@ def optimize_entry(
             "size": new.size,
             "modificationTime": at,
             "dataChange": False,
-            "stats": json.dumps({"numRecords": new.rows or 0}),
+            "stats": new.stats or json.dumps({"numRecords": new.rows or 0}),
         }
         actions.append({"add": add})
     return "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
