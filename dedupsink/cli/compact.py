@@ -9,10 +9,10 @@ only; Parquet ports are refused with what to do instead.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Protocol
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError
+from dedupsink.inspection import Location
 from dedupsink.options import (
     ICEBERG_CATALOG_PREFIX,
     OUTPUT_FORMAT_DEFAULT,
@@ -22,25 +22,9 @@ from dedupsink.options import (
 )
 from dedupsink.ports.compaction import TARGET_SIZE_DEFAULT, PortCompaction, compact_ports
 from dedupsink.ports.formats import compactor_for, port_format
-from dedupsink.store.store import BucketStore
 from dedupsink.units import parse_size
 
 TARGET_SIZE_ARGUMENT = "--target-size"
-
-
-class Located(Protocol):
-    """A store and its output as the store commands find them (``locate``)."""
-
-    @property
-    def store_url(self) -> str: ...
-
-    @property
-    def output_url(self) -> str | None: ...
-
-    @property
-    def storage_options(self) -> dict[str, Any]: ...
-
-    def store(self) -> BucketStore: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", help="Iceberg: the sink's iceberg.table")
 
 
-def compact(location: Located, args: argparse.Namespace) -> list[PortCompaction]:
+def compact(location: Location, args: argparse.Namespace) -> list[PortCompaction]:
     """Compact the ports of ``location`` as the arguments say."""
     target = parse_size(TARGET_SIZE_ARGUMENT, args.target_size)
     store = location.store()
