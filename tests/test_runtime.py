@@ -20,6 +20,7 @@ CACHES = {
     "ports.iceberg_committed",
     "ports.sparklog_checked_compactions",
     "sink.checked_plans",
+    "sink.file_stats",
     "sink.published",
     "sink.swept_runs",
     "store.bucket_managers",
