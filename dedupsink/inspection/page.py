@@ -314,10 +314,10 @@ def _reasons_table(summary: ReportSummary) -> list[str]:
     out.append('<th>reason</th><th class="n">rows</th></tr></thead><tbody>')
     entries = list(summary.error_reasons)
     if summary.error_rows_without_reason:
-        entries.append(("(not recorded: committed before reasons were)", 0))
+        unrecorded = "(not recorded: committed before reasons were)"
+        entries.append((unrecorded, summary.error_rows_without_reason))
     for reason, rows in entries:
-        shown = rows or summary.error_rows_without_reason
-        out.append(f'<tr><td>{esc(reason)}</td><td class="n">{shown:,}</td></tr>')
+        out.append(f'<tr><td>{esc(reason)}</td><td class="n">{rows:,}</td></tr>')
     out.append("</tbody></table>")
     return out
 

@@ -165,10 +165,7 @@ def _summary(rows: pa.Table) -> ReportSummary:
 
 
 def _reasons(rows: pa.Table) -> dict[str, Any]:
-    totals: dict[str, int] = {}
-    for reasons in rows.column("error_reasons").to_pylist():
-        for entry in reasons or ():
-            totals[entry["reason"]] = totals.get(entry["reason"], 0) + entry["rows"]
+    totals = _summed_reasons(rows.column("error_reasons").to_pylist())
     ranked = sorted(totals.items(), key=lambda entry: (-entry[1], entry[0]))
     errors = int(pc.sum(rows.column("error")).as_py() or 0)
     return {
@@ -232,10 +229,7 @@ def _column(
     time_points: bool,
 ) -> Column:
     end = stop - 1
-    reasons: dict[str, int] = {}
-    for entries in values["error_reasons"][start:stop]:
-        for entry in entries or ():
-            reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + entry["rows"]
+    reasons = _summed_reasons(values["error_reasons"][start:stop])
     latest, committed = values["latest_point"][end], values["committed_at"][end]
     lag = None
     if time_points and latest is not None:
@@ -265,3 +259,12 @@ def _column(
 def _total(values: list[Any]) -> float:
     """A sum over the windows that recorded the value (a null counts nothing)."""
     return sum(value for value in values if value is not None)
+
+
+def _summed_reasons(windows: list[Any]) -> dict[str, int]:
+    """Windows' error rows by reason (the history's ``error_reasons`` lists), summed."""
+    totals: dict[str, int] = {}
+    for entries in windows:
+        for entry in entries or ():
+            totals[entry["reason"]] = totals.get(entry["reason"], 0) + entry["rows"]
+    return totals

@@ -176,14 +176,14 @@ class PortState:
     def is_table(self) -> bool:
         return "table_version" in self.described or "snapshots" in self.described
 
-    def to_dict(self, with_address: bool) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "rows": self.rows,
             "files": self.files,
             "batches": self.batches,
             "path": self.path,
         }
-        if with_address:
+        if self.address is not None:  # the output path is known: its format was asked
             entry["address"] = self.address
         entry.update(self.described)
         return entry
@@ -210,7 +210,6 @@ class StoreState:
     publication_pending: bool
     producers: Producers | None  # sequence dedup only
     ports: tuple[PortState, ...]
-    ports_known: bool  # the output path is known, so each port's format was asked
     catalog: CatalogInfo | None = None  # the catalog naming the port tables (Iceberg)
 
     def settings_dict(self) -> dict[str, Any]:
@@ -241,7 +240,7 @@ class StoreState:
         }
         if self.producers is not None:
             result["producers"] = self.producers.to_dict()
-        result["ports"] = {p.port: p.to_dict(self.ports_known) for p in self.ports}
+        result["ports"] = {p.port: p.to_dict() for p in self.ports}
         if self.catalog is not None:
             result["catalog"] = self.catalog.to_dict()
         return result
@@ -305,7 +304,6 @@ def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | Non
         and not ports.is_published(manifest.publication, manifest.store_id),
         producers=_producers(store, manifest) if settings.mode == "sequence" else None,
         ports=_port_states(manifest, ports),
-        ports_known=ports is not None,
         catalog=None if ports is None else ports.catalog_info(),
     )
 

@@ -27,7 +27,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -109,8 +109,6 @@ class TableCompactor(ABC):
 
     version_name: ClassVar[str] = "table version"
     ports: PortFormat
-    # The files this compactor wrote, committed or not (for its report).
-    written: list[str] = field(default_factory=list)
 
     @property
     def output(self) -> Output:
@@ -213,7 +211,6 @@ def compact_port(compactor: TableCompactor, port: str, target_size: int) -> Port
     for index, group in enumerate(bins):
         target = compactor.new_file(port, group[0], index)
         added.append(rewrite(compactor.output, group, target, columns))
-        compactor.written.append(added[-1].path)
     for _ in range(COMMIT_ROUNDS):
         result.rounds += 1
         committed = compactor.commit(port, base, removed, added, target_size)

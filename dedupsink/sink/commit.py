@@ -80,7 +80,6 @@ class CommitReport:
     remembered: int = 0
     cache_hit_rate: float | None = None
     assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
-    windows: int = 0  # how many windows the store has committed, this one included
     state: StateUse = field(default_factory=StateUse)
     # What each task's process held after its last task of the window: host:pid -> use.
     held: dict[str, StateUse] = field(default_factory=dict)
@@ -291,7 +290,6 @@ def _report(
     settings = plan.settings
     return CommitReport(
         version=committed.version,
-        windows=committed.totals.windows,
         batch_id=batch_id,
         query_id=writer.query,
         counts=last.counts if last else WindowCounts(),

@@ -601,11 +601,13 @@ class ObjectStorage(Storage):
             with socket.create_connection((where.hostname or "", port), _CONNECT_SECONDS):
                 return None
         except OSError as exc:
-            named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
             why = "connection refused" if isinstance(exc, ConnectionRefusedError) else _first(exc)
-            return (
-                f"a reachable {self.service} endpoint: nothing answers at {endpoint}{named} ({why})"
-            )
+            return f"{self.nothing_answers(endpoint)} ({why})"
+
+    def nothing_answers(self, endpoint: str) -> str:
+        """What is accepted when no server answers at ``endpoint``."""
+        named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
+        return f"a reachable {self.service} endpoint: nothing answers at {endpoint}{named}"
 
     def client_problem(self, exc: BaseException) -> str | None:
         """What is accepted, for a failure particular to the client (credentials, endpoint)."""
@@ -664,8 +666,7 @@ class S3Storage(ObjectStorage):
         )
         at = f" at {self.endpoint()}" if self.endpoint() else ""
         if isinstance(cause, EndpointConnectionError):
-            named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
-            return f"a reachable S3 endpoint: nothing answers at {self.endpoint() or 'AWS'}{named}"
+            return self.nothing_answers(self.endpoint() or "AWS")
         if isinstance(cause, PartialCredentialsError):
             given = [f"fs.{n}" for n in _S3_CREDENTIALS.values() if n in self.options]
             missing = _S3_CREDENTIALS.get(str(cause.kwargs.get("cred_var")), "key")
