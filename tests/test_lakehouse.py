@@ -423,6 +423,26 @@ def test_a_table_store_refuses_an_input_whose_columns_differ_naming_the_column(
     assert output_listing(out) == before and tables.heads() == heads
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_second_query_of_one_process_with_a_new_column_is_refused_before_any_output(
+    workdir: Path, fmt: str
+) -> None:
+    """The checks made once a process are made again for another input schema: a Delta table
+    would otherwise take files with a column its schema does not declare, hidden from readers."""
+    out = workdir / "out"
+    tables = PortTables(fmt, out)
+    options = {**tables.sink_options(), "keys": "id"}
+    LocalSink(options, SCHEMA).window(
+        0, pa.table({"id": ints(1, 1), "seq": ints(1, 1), "body": ["a", "a"]}, SCHEMA)
+    )
+    plan_for(options, SCHEMA, "run-2", "once")
+    before, heads = output_listing(out), tables.heads()
+    with pytest.raises(DedupOptionError) as caught:
+        plan_for(options, SCHEMA.append(pa.field("region", pa.string())), "run-3", "once")
+    assert "region is new" in str(caught.value), caught.value
+    assert output_listing(out) == before and tables.heads() == heads
+
+
 MISSING_EXTRA = """
 import sys
 sys.modules[sys.argv[2]] = None  # as if the package were not installed
@@ -475,6 +495,27 @@ def test_a_stream_switching_a_parquet_store_to_delta_fails_before_any_output(
     message = str(caught.value)
     assert "outputFormat" in message and "delta" in message and "parquet" in message, message
     assert output_listing(out) == before
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_new_column_in_a_second_stream_of_one_session_fails_before_any_output(
+    spark: Any, workdir: Path, fmt: str
+) -> None:
+    """Two queries of one Spark session on one output, the second with a fresh checkpoint and
+    a column the tables lack: refused at its start, the tables as the first left them."""
+    out = workdir / "out"
+    tables = PortTables(fmt, out)
+    options = {**tables.sink_options(), "keys": "id"}
+    write_batches(workdir / "in1", [pa.table({"id": ints(1, 2), "body": ["a", "b"]})])
+    start_stream(spark, workdir / "in1", options, workdir / "chk1").awaitTermination()
+    write_batches(workdir / "in2", [pa.table({"id": ints(3), "body": ["c"], "region": ["eu"]})])
+    before, heads = output_listing(out), tables.heads()
+    with pytest.raises(StreamingQueryException) as caught:
+        start_stream(spark, workdir / "in2", options, workdir / "chk2").awaitTermination()
+    assert "region is new" in str(caught.value), caught.value
+    assert output_listing(out) == before and tables.heads() == heads
+    assert tables.read("unique").column_names == ["id", "body"]
 
 
 # -- DuckDB and the tables' statistics -----------------------------------------------------------

@@ -125,11 +125,15 @@ def absolute_url(url: str) -> str:
 def prepare_store_and_ports(plan: SinkPlan, once: bool = False) -> None:
     """The store and the ports can be reached, and the store fits the options."""
     options = plan.options
+    # The input's schema belongs to the key: a later query of this process over the same
+    # output with another column must meet the tables' check (a Delta table would otherwise
+    # take files with a column its schema does not declare, invisible to its readers).
     key = (
         options.store_path,
         options.path,
         repr(sorted(plan.settings.identity().items())),
         repr(sorted(options.storage_options.items())),
+        plan.schema.to_string(show_schema_metadata=False),
     )
     if once and key in _checked:
         return
