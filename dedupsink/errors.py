@@ -12,6 +12,7 @@ __all__ = [
     "StoreError",
     "StoreOwnershipError",
     "StoreSettingsError",
+    "StoreUnavailableError",
 ]
 
 
@@ -44,6 +45,12 @@ class StoreCorruptError(StoreError):
             f"corrupt file {path}: {problem}. The store refuses to read it as 'no keys'; "
             "see 'Recovery' in docs/RELIABILITY.md"
         )
+
+
+class StoreUnavailableError(StoreError, TimeoutError):
+    """The store did not answer an operation within its budget (``storageTimeout``), retries
+    included; the message names the store, the operation and the time waited. Nothing is half
+    done: the batch re-runs, or the query restarts, from the last committed window."""
 
 
 class StoreSettingsError(DedupOptionError):

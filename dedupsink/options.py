@@ -78,6 +78,17 @@ STATE_CACHE_DIR = "stateCacheDir"
 # YARN's LOCAL_DIRS), else the system's temporary folder (store/shared.py).
 STATE_CACHE_DIR_DEFAULT = None
 
+STORAGE_CONNECT_TIMEOUT = "storageConnectTimeout"
+STORAGE_READ_TIMEOUT = "storageReadTimeout"
+STORAGE_TIMEOUT = "storageTimeout"
+# The bounds suit a stream (store/retry.py): a connection within 5 s (S3A waits 30 s; a
+# stream's store is near), a silent socket after 20 s (a window file of tens of MB at a few
+# MB/s is read in less), and a silent store given up on within two minutes of wall time per
+# operation, retries included (Kafka's delivery.timeout.ms is 120 s).
+STORAGE_CONNECT_TIMEOUT_DEFAULT = "5 seconds"
+STORAGE_READ_TIMEOUT_DEFAULT = "20 seconds"
+STORAGE_TIMEOUT_DEFAULT = "2 minutes"
+
 COMPACT_EVERY = "compactEvery"
 # 0: off. N: the driver's commit compacts the port tables (delta, iceberg) after publishing every
 # N-th store version, so a day of one-minute windows does not leave thousands of small files.
@@ -146,6 +157,28 @@ def parse_choice(option: str, text: str, choices: tuple[str, ...]) -> str:
 
 
 @dataclass(frozen=True)
+class StorageBounds:
+    """How long a storage call may take: to connect, for a silent socket, and in all (wall time
+    of one operation, its retries included), in seconds."""
+
+    connect_timeout: float = 5.0
+    read_timeout: float = 20.0
+    budget: float = 120.0
+
+    @property
+    def attempt(self) -> float:
+        """The most one attempt may take: to connect, then a reply (each read of it is bounded
+        by the read timeout, the attempt as a whole by this)."""
+        return self.connect_timeout + 2 * self.read_timeout
+
+    @property
+    def start(self) -> float:
+        """The most the check of a query's start (or a CLI command's) waits for the store: a
+        store that does not answer then fails the start within seconds."""
+        return min(self.budget, self.connect_timeout)
+
+
+@dataclass(frozen=True)
 class DedupOptions:
     """Every sink option, typed; the defaults pair with the constants above."""
 
@@ -180,6 +213,18 @@ class DedupOptions:
     sequence_key: str | None = None
     # A local folder for the machine's shared, memory-mapped copy of the store's segments.
     state_cache_dir: str | None = STATE_CACHE_DIR_DEFAULT
+    # How long each call to the store and the ports' storage may wait (StorageBounds).
+    storage_connect_timeout: Span = field(
+        default_factory=lambda: parse_duration(
+            STORAGE_CONNECT_TIMEOUT, STORAGE_CONNECT_TIMEOUT_DEFAULT
+        )
+    )
+    storage_read_timeout: Span = field(
+        default_factory=lambda: parse_duration(STORAGE_READ_TIMEOUT, STORAGE_READ_TIMEOUT_DEFAULT)
+    )
+    storage_timeout: Span = field(
+        default_factory=lambda: parse_duration(STORAGE_TIMEOUT, STORAGE_TIMEOUT_DEFAULT)
+    )
     # Port compaction in the driver's commit: every N store versions (0: never), to this size.
     compact_every: int = COMPACT_EVERY_DEFAULT
     compact_target_size: Size = field(
@@ -189,6 +234,14 @@ class DedupOptions:
     def __post_init__(self) -> None:
         if not self.store_path:
             object.__setattr__(self, "store_path", default_store_path(self.path))
+
+    @property
+    def storage_bounds(self) -> StorageBounds:
+        return StorageBounds(
+            self.storage_connect_timeout.micros / 1e6,
+            self.storage_read_timeout.micros / 1e6,
+            self.storage_timeout.micros / 1e6,
+        )
 
     @property
     def has_expiry(self) -> bool:
@@ -421,6 +474,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec(ASSUME_SAME_EXPIRY, "assume_same_expiry", parse_bool, bool_text),
     OptionSpec(SEQUENCE_KEY, "sequence_key", lambda _, text: text),
     OptionSpec(STATE_CACHE_DIR, "state_cache_dir", lambda _, text: text.rstrip("/") or "/"),
+    OptionSpec(STORAGE_CONNECT_TIMEOUT, "storage_connect_timeout", parse_duration, _text_of),
+    OptionSpec(STORAGE_READ_TIMEOUT, "storage_read_timeout", parse_duration, _text_of),
+    OptionSpec(STORAGE_TIMEOUT, "storage_timeout", parse_duration, _text_of),
     OptionSpec(COMPACT_EVERY, "compact_every", parse_non_negative_int),
     OptionSpec(COMPACT_TARGET_SIZE, "compact_target_size", parse_size, _text_of),
 )

@@ -27,6 +27,7 @@ CACHES = {
     "store.shared_checked",
     "store.created_history",
     "store.known_manifests",
+    "store.waits",
     "store.written_files",
 }
 

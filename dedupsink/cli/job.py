@@ -87,7 +87,10 @@ class PreparedJob:
 
     @property
     def store(self) -> BucketStore:
-        return BucketStore(self.options.store_path, self.options.storage_options)
+        options = self.options
+        return BucketStore(
+            options.store_path, options.storage_options, bounds=options.storage_bounds
+        )
 
 
 def prepare(config: JobConfig, check_source: bool = True) -> PreparedJob:
@@ -231,7 +234,10 @@ def checked_manifest(config: JobConfig, job: PreparedJob) -> Manifest | None:
     and the store are checked first as the sink checks them when its query starts: a missing
     bucket, refused credentials or an endpoint where nothing answers fail here, before Spark."""
     try:
-        Storage.for_url(job.options.path, job.options.storage_options).check_reachable(PATH)
+        options = job.options
+        Storage.for_url(
+            options.path, options.storage_options, PATH, options.storage_bounds
+        ).check_reachable(PATH)
         job.store.storage.check_reachable(STORE_PATH)
         manifest = job.store.read()
     except DedupOptionError as exc:

@@ -31,6 +31,7 @@ COLOURS = {
     "keys_added": "#2f6f3e",
     "keys_forgotten": "#b5452f",
     "lag": "#6b4c9a",
+    "store_retries": "#d37295",
     "unique": "#4e79a7",
     "duplicate": "#f28e2b",
     "expired": "#76b7b2",
@@ -46,6 +47,7 @@ LABELS = {
     "keys_added": "keys added",
     "keys_forgotten": "keys forgotten",
     "lag": "behind by",
+    "store_retries": "store retries",
     "unique": "unique",
     "duplicate": "duplicate",
     "expired": "expired",
@@ -297,6 +299,17 @@ def _charts(data: ReportData) -> list[str]:
                 "store size (bytes)",
             ),
         ),
+        (
+            "Store retries: requests the storage throttled, dropped or left unanswered",
+            _line_chart(
+                "retries",
+                columns,
+                {"store_retries": [float(c.store_retries) for c in columns]},
+                Axis(lambda low, high: _nice(0.0, max(high, 1.0)), number_text),
+                lambda v: f"{int(v):,}",
+                "requests retried (count)",
+            ),
+        ),
         ("Latest and expiry points", _points_chart(columns, mode)),
         ("How far behind the data is: commit time minus the latest point", _lag_chart(data)),
     ]
@@ -338,6 +351,7 @@ RECENT_HEADINGS = (
     "task s",
     "rows/s",
     "behind",
+    "store retries",
 )
 
 
@@ -370,6 +384,7 @@ def _recent_table(data: ReportData) -> list[str]:
             f"{column.task_seconds:.3f}",
             "-" if column.rows_per_second is None else f"{column.rows_per_second:,.0f}",
             "-" if column.lag_seconds is None else _span_text(column.lag_seconds),
+            f"{column.store_retries:,} ({column.store_wait_seconds:.1f} s)",
         ]
         row = "".join(
             f'<td class="n">{esc(c)}</td>' if i > 2 else f"<td>{esc(c)}</td>"

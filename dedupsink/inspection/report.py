@@ -49,6 +49,8 @@ class Column:
     lag_seconds: float | None  # commit time minus the latest point (time modes), last window's
     query_starts: tuple[str, ...]  # queries whose first window of the history drawn is here
     error_reasons: dict[str, int]  # error rows by reason, summed
+    store_retries: int = 0  # requests to the storage retried, summed over the group
+    store_wait_seconds: float = 0.0  # seconds lost to them, summed
 
     @property
     def rows(self) -> int:
@@ -218,6 +220,8 @@ _COLUMN_NAMES = (
     "keys_added",
     "keys_forgotten",
     "error_reasons",
+    "store_retries",
+    "store_wait_seconds",
 )
 
 
@@ -253,6 +257,8 @@ def _column(
         lag_seconds=lag,
         query_starts=tuple(firsts[i] for i in range(start, stop) if i in firsts),
         error_reasons=reasons,
+        store_retries=int(_total(values["store_retries"][start:stop])),
+        store_wait_seconds=float(_total(values["store_wait_seconds"][start:stop])),
     )
 
 

@@ -39,7 +39,14 @@ class PortFormat(ABC):
 
     def __init__(self, options: DedupOptions, file_stats: FileStats = None) -> None:
         self.options = options
-        self.output = Output(options.path, options.storage_options, PATH, self.layout, file_stats)
+        self.output = Output(
+            options.path,
+            options.storage_options,
+            PATH,
+            self.layout,
+            file_stats,
+            options.storage_bounds,
+        )
 
     # -- at query start (driver, before any output) ------------------------------------------
 

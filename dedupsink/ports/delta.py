@@ -26,14 +26,11 @@ from dedupsink.ports.output import FileStats, Layout, staging_batch
 from dedupsink.ports.stats import StatsColumns
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import Move, Publication
-from dedupsink.store.storage import Storage
+from dedupsink.store.storage import Storage, StorageBounds
 
 # A commit that lost a race reads the table again; a loser finds the winner's transaction, so
 # more than a few rounds means another writer keeps committing other data to the port table.
 _COMMIT_ROUNDS = 8
-# A stuck request to an object store fails after this long and is retried (delta-rs's default
-# waits minutes).
-_REQUEST_TIMEOUT = "30s"
 # Configuration of the tables the sink creates: a checkpoint every 10 commits, as Spark's Delta
 # writes them (delta-rs's default is 100), so a commit, which replays the log from the last
 # checkpoint, reads at most ten commits (on S3, ten requests).
@@ -363,12 +360,25 @@ def delta_storage_options(storage: Storage) -> dict[str, str]:
     """The sink's ``fs.*`` options (fsspec's names) as delta-rs storage options."""
     options = storage.options
     if storage.family == "s3":
-        return _s3_options(options)
-    if storage.family == "azure":
-        return _azure_options(options)
-    if storage.family == "gcs":
-        return _gcs_options(options)
-    return {}
+        translated = _s3_options(options)
+    elif storage.family == "azure":
+        translated = _azure_options(options)
+    elif storage.family == "gcs":
+        translated = _gcs_options(options)
+    else:
+        return {}
+    return {**_bounded(storage.bounds), **translated}
+
+
+def _bounded(bounds: StorageBounds) -> dict[str, str]:
+    """The storage's bounds as object_store's client and retry options, which delta-rs's
+    requests follow: each request bounded, transient faults retried with backoff until the
+    budget is spent."""
+    return {
+        "connect_timeout": f"{bounds.connect_timeout:g}s",
+        "timeout": f"{bounds.attempt:g}s",
+        "retry_timeout": f"{bounds.budget:g}s",
+    }
 
 
 _S3_NAMES = {
@@ -426,10 +436,9 @@ def _gcs_options(options: dict[str, Any]) -> dict[str, str]:
 
 
 def _with_defaults(translated: dict[str, str], endpoint: str, allow_http: str) -> dict[str, str]:
-    """Options with an ``http://`` endpoint allowed and a request timeout."""
+    """Options with an ``http://`` endpoint allowed."""
     if endpoint and translated.get(endpoint, "").startswith("http://"):
         translated[allow_http] = "true"
-    translated.setdefault("timeout", _REQUEST_TIMEOUT)
     return translated
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
 from dedupsink.masking import MASK, is_secret_property
-from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT, PATH
+from dedupsink.options import ICEBERG_CATALOG_PREFIX, OUTPUT_FORMAT, PATH, StorageBounds
 from dedupsink.ports.base import (
     CatalogInfo,
     PortFormat,
@@ -120,7 +120,10 @@ class IcebergPorts(PortFormat):
                 "uri": f"sqlite:///{root}/{CATALOG_FILE}",
                 "warehouse": self._url(root),
             }
-        return {**_file_io_properties(storage.family, storage.options), **given}
+        return {
+            **_file_io_properties(storage.family, storage.options, storage.bounds),
+            **given,
+        }
 
     def catalog(self) -> Any:
         properties = self.catalog_properties()
@@ -406,8 +409,12 @@ def _type_text(kind: Any) -> str:
     return str(kind)
 
 
-def _file_io_properties(family: str, options: dict[str, Any]) -> dict[str, str]:
-    """The ``fs.*`` options of an S3 output as pyiceberg's file-access properties."""
+def _file_io_properties(
+    family: str, options: dict[str, Any], bounds: StorageBounds
+) -> dict[str, str]:
+    """The ``fs.*`` options of an S3 output as pyiceberg's file-access properties, with the
+    storage's bounds on each request (pyarrow's S3 client retries a failed one itself, three
+    attempts in all)."""
     if family != "s3":
         return {}
     names = {
@@ -418,6 +425,8 @@ def _file_io_properties(family: str, options: dict[str, Any]) -> dict[str, str]:
         "region_name": "s3.region",
     }
     properties = {names[k]: str(v) for k, v in options.items() if k in names}
+    properties["s3.connect-timeout"] = f"{bounds.connect_timeout:g}"
+    properties["s3.request-timeout"] = f"{bounds.attempt:g}"
     if "s3.endpoint" in properties:
         # An S3-compatible server ignores the region; unset, pyarrow's file access spends
         # seconds asking AWS for the bucket's.

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from dedupsink.options import PATH
 from dedupsink.ports.encoding import open_parquet_writer, read_parquet
 from dedupsink.ports.stats import StatsColumns, delta_stats
-from dedupsink.store.storage import Storage, basename
+from dedupsink.store.storage import Storage, StorageBounds, basename
 
 STAGING_DIR = "_staging"
 
@@ -82,15 +82,26 @@ class Output:
         option: str = PATH,
         layout: Layout = STAGED,
         file_stats: FileStats = None,
+        bounds: StorageBounds | None = None,
     ) -> None:
-        self.storage = Storage.for_url(url.rstrip("/"), storage_options, option)
+        self.storage = Storage.for_url(url.rstrip("/"), storage_options, option, bounds)
         self.url = self.storage.url
         self.layout = layout
         self.file_stats = file_stats
         self._stats_of = dict(file_stats or ())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Output, (self.url, self.storage.options, PATH, self.layout, self.file_stats))
+        return (
+            Output,
+            (
+                self.url,
+                self.storage.options,
+                PATH,
+                self.layout,
+                self.file_stats,
+                self.storage.bounds,
+            ),
+        )
 
     def path(self, relative: str) -> str:
         return self.storage.path(relative)
@@ -138,12 +149,12 @@ class Output:
         return None if columns is None else delta_stats(closed.writer.metadata, columns)
 
     def read_table(self, relative: str) -> pa.Table:
-        with self.storage.fs.open(self.path(relative), "rb") as handle:
+        with self.storage.open_read(self.path(relative)) as handle:
             return read_parquet(handle)
 
     def read_schema(self, relative: str) -> pa.Schema:
         """A Parquet file's schema, from its footer."""
-        with self.storage.fs.open(self.path(relative), "rb") as handle:
+        with self.storage.open_read(self.path(relative)) as handle:
             return pq.read_schema(handle)
 
     def discard_staging(self, folder: str, known: list[str]) -> None:

@@ -51,6 +51,7 @@ from dedupsink.store.format import Manifest
 from dedupsink.store.history import record_window
 from dedupsink.store.ownership import Writer, claim, describe_owner, now_ms
 from dedupsink.store.records import StateUse, WindowCounts
+from dedupsink.store.retry import WAITS, StoreWaits
 from dedupsink.store.store import GARBAGE_EVERY, BucketStore
 
 log = logging.getLogger("dedupsink")
@@ -83,6 +84,8 @@ class CommitReport:
     state: StateUse = field(default_factory=StateUse)
     # What each task's process held after its last task of the window: host:pid -> use.
     held: dict[str, StateUse] = field(default_factory=dict)
+    # Requests retried by the tasks and the whole commit, publication included.
+    store_waits: StoreWaits = field(default_factory=StoreWaits)
 
     def held_text(self) -> str:
         return ", ".join(
@@ -100,6 +103,7 @@ class CommitReport:
             f"{self.counts.text()} | store "
             f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
             f" | {self.state.text()} | cache hits {hit}{setting}"
+            f" | {self.store_waits.text()}"
         )
 
 
@@ -110,6 +114,7 @@ def commit_window(
     if not done:
         return None
     identity = done[0].identity
+    waits = WAITS.now()
     store, output = plan.store, plan.output
     writer = plan.writer(identity.query_id, identity.run)
     base = _base_version(store, done, writer, batch_id)
@@ -125,7 +130,9 @@ def commit_window(
         moves = settle_window(output, settling, stamp_dtype(plan.settings))
         written = files_written_by_commit(plan, store, base, done, settling, moves)
         schema_files = empty_port_files(plan, output, base, done)
-        window = WindowCommit(plan, base, writer, batch_id, done, schema_files, now_ms())
+        window = WindowCommit(
+            plan, base, writer, batch_id, done, schema_files, now_ms(), WAITS.now() - waits
+        )
         transaction = window.transaction(written, cross_partition(done, moves))
         committed = transaction.commit(store, window.now_ms)
     except (StoreConflictError, FileNotFoundError):
@@ -140,6 +147,7 @@ def commit_window(
     staged = staged_files(settling, moves) + [f.path for f in schema_files]
     _after_publication(plan, committed, done, staged, writer)
     report = _report(plan, committed, done, writer, batch_id)
+    report.store_waits = sum((s.store_waits for s in done), WAITS.now() - waits)
     log.info(report.line())
     compact_after(plan, committed)
     log.debug("dedup window %s: state held by process %s", report.version, report.held_text())

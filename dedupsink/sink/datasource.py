@@ -285,6 +285,8 @@ _HISTORY_COLUMNS: tuple[tuple[str, Callable[[], DataType]], ...] = (
             StructType([StructField("reason", StringType()), StructField("rows", LongType())])
         ),
     ),
+    ("store_retries", LongType),
+    ("store_wait_seconds", DoubleType),
 )
 
 

@@ -85,7 +85,9 @@ def _store_layout(settings: Settings, options: DedupOptions) -> Settings:
     """The placement of the store the options name, if it exists (it keeps the one it was
     created with), else a new store's."""
     try:
-        manifest = BucketStore(options.store_path, options.storage_options).read()
+        manifest = BucketStore(
+            options.store_path, options.storage_options, bounds=options.storage_bounds
+        ).read()
     except (DedupError, OSError) as exc:
         log.info(
             "dedup partitioning for a new store: %s could not be read (%s)", options.store_path, exc

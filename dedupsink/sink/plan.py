@@ -51,7 +51,10 @@ class SinkPlan:
 
     @property
     def store(self) -> BucketStore:
-        return BucketStore(self.options.store_path, self.options.storage_options, STORE_PATH)
+        options = self.options
+        return BucketStore(
+            options.store_path, options.storage_options, STORE_PATH, options.storage_bounds
+        )
 
     @property
     def ports(self) -> PortFormat:

@@ -44,6 +44,7 @@ from dedupsink.store.compaction import (
 from dedupsink.store.format import Manifest
 from dedupsink.store.ownership import check_not_fenced
 from dedupsink.store.records import StateUse, WindowCounts
+from dedupsink.store.retry import WAITS, StoreWaits
 from dedupsink.store.store import check_settings
 
 log = logging.getLogger("dedupsink")
@@ -75,6 +76,7 @@ class TaskSummary:
     seconds: float = 0.0
     classify_seconds: float = 0.0
     error_reasons: dict[str, int] = field(default_factory=dict)  # error rows per reason
+    store_waits: StoreWaits = field(default_factory=StoreWaits)  # requests retried, seconds
 
     @property
     def folder(self) -> str:
@@ -109,7 +111,7 @@ def coalesce(
 def run_task(
     plan: SinkPlan, identity: TaskIdentity, batches: Iterator[pa.RecordBatch]
 ) -> TaskSummary:
-    started = time.perf_counter()
+    started, waits = time.perf_counter(), WAITS.now()
     tune_worker_process()
     store, options = plan.store, plan.options
     manifest = store.read() or store.open(plan.settings)
@@ -153,6 +155,7 @@ def run_task(
         summary.state.task_text(),
     )
     summary.seconds = time.perf_counter() - started
+    summary.store_waits = WAITS.now() - waits
     return summary
 
 

@@ -10,7 +10,7 @@ the store layer does not know.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from dedupsink.engine.classify import PORTS, NewKeys, stamp_dtype
 from dedupsink.engine.placement import bucket_of
@@ -36,6 +36,7 @@ from dedupsink.store.records import (
     WindowCounts,
     error_reasons,
 )
+from dedupsink.store.retry import StoreWaits
 from dedupsink.store.store import BucketStore
 from dedupsink.store.transaction import (
     AddCategories,
@@ -66,6 +67,7 @@ class WindowCommit:
     tasks: list[TaskSummary]  # in partition order
     schema_files: list[PortFile]  # empty files giving a port without rows its schema
     now_ms: int
+    commit_waits: StoreWaits = field(default_factory=StoreWaits)  # the commit's, so far
 
     def transaction(
         self, written_by_commit: list[WrittenWindowFile], cross_partition: int
@@ -99,6 +101,7 @@ class WindowCommit:
                     sum(t.seconds for t in self.tasks),
                     StateUse.of_tasks([(t.process, t.state) for t in self.tasks]),
                     error_reasons(t.error_reasons for t in self.tasks),
+                    sum((t.store_waits for t in self.tasks), self.commit_waits),
                 ),
                 RecordPublication(publication, ports),
             ),

@@ -92,6 +92,10 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     # The window's error rows by reason, most first; empty in windows without error rows and
     # in those committed before reasons were counted.
     ("error_reasons", ERROR_REASONS),
+    # Requests to the storage the window's tasks and commit retried (throttled, reset, timed
+    # out), and the seconds lost to them; null in rows recorded before they were counted.
+    ("store_retries", pa.int64()),
+    ("store_wait_seconds", pa.float64()),
 )
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind in COLUMNS])
 Row = dict[str, Any]
@@ -129,6 +133,8 @@ def row_of(manifest: Manifest) -> Row | None:
         "task_seconds": float(last.task_seconds),
         **_state_columns(last.state),
         "error_reasons": [{"reason": reason, "rows": rows} for reason, rows in last.error_reasons],
+        "store_retries": last.store_waits.retries,
+        "store_wait_seconds": round(last.store_waits.seconds, 3),
     }
 
 

@@ -17,6 +17,7 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.engine.expiry_policy import ExpiryPolicy, Mode
 from dedupsink.engine.settings import KeyHash, Settings, StampKind
 from dedupsink.options import ASSUME_SAME_EXPIRY_DEFAULT, OUTPUT_FORMAT_DEFAULT
+from dedupsink.store.retry import StoreWaits
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,9 @@ class WindowRecord:
     state: StateUse = field(default_factory=StateUse)
     # The window's error rows by reason, most first (empty in records written before).
     error_reasons: tuple[tuple[str, int], ...] = ()
+    # Requests to the store and the ports' storage its tasks and its commit (up to the commit
+    # point) retried, and the seconds lost to them: a brownout shows here.
+    store_waits: StoreWaits = field(default_factory=StoreWaits)
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -389,6 +393,8 @@ class WindowRecord:
             wire["state"] = self.state.to_wire()
         if self.error_reasons:  # absent when none, so older records re-encode identically
             wire["errors"] = [list(entry) for entry in self.error_reasons]
+        if self.store_waits.retries:  # the same
+            wire["store"] = [self.store_waits.retries, round(self.store_waits.seconds, 3)]
         return wire
 
     @classmethod
@@ -406,7 +412,13 @@ class WindowRecord:
             float(value["task_seconds"]),
             StateUse.from_wire(value.get("state")),
             tuple((str(reason), int(rows)) for reason, rows in value.get("errors") or ()),
+            StoreWaits(*_waits(value.get("store"))),
         )
+
+
+def _waits(value: Any) -> tuple[int, float]:
+    retries, seconds = value or (0, 0.0)
+    return int(retries), float(seconds)
 
 
 def error_reasons(counts: Iterable[Mapping[str, int]]) -> tuple[tuple[str, int], ...]:

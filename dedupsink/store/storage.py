@@ -13,6 +13,7 @@ import contextlib
 import difflib
 import errno
 import inspect
+import io
 import os
 import re
 import socket
@@ -20,28 +21,31 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from dedupsink.errors import DedupOptionError, StoreError
+from dedupsink.errors import DedupOptionError, StoreError, StoreUnavailableError
 from dedupsink.masking import MASK, mask_values, storage_secrets
-from dedupsink.options import STORAGE_OPTION_PREFIX
+from dedupsink.options import STORAGE_OPTION_PREFIX, StorageBounds
+from dedupsink.store.retry import Attempts
 
 __all__ = [
     "Entry",
     "Storage",
+    "StorageBounds",
     "basename",
     "join",
     "parent",
     "resolve_path",
 ]
 
+T = TypeVar("T")
 SUPPORTED = (
     "a local path, file://, memory://, hdfs://, viewfs://, s3://, s3a://, gs://, abfs:// or az://"
 )
@@ -95,18 +99,28 @@ class Storage(ABC):
     rm_reads_patterns: ClassVar[bool] = True
     _registry: ClassVar[list[type[Storage]]] = []
 
-    def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str, options: dict[str, Any]):
+    def __init__(
+        self,
+        url: str,
+        fs: fsspec.AbstractFileSystem,
+        root: str,
+        options: dict[str, Any],
+        bounds: StorageBounds | None = None,
+    ):
         self.url = url
         self.fs = fs
         self.root = root.rstrip("/") or "/"
         self.options = options
+        self.bounds = bounds or StorageBounds()
+        self.attempts = Attempts(self.bounds, mask_values(url, storage_secrets(options)))
+        self.tune_client()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         Storage._registry.append(cls)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Storage.for_url, (self.url, self.options))
+        return (Storage.for_url, (self.url, self.options, "path", self.bounds))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -114,7 +128,12 @@ class Storage(ABC):
     # -- choosing a family -------------------------------------------------------------------
 
     @staticmethod
-    def for_url(url: str, options: dict[str, Any] | None = None, option: str = "path") -> Storage:
+    def for_url(
+        url: str,
+        options: dict[str, Any] | None = None,
+        option: str = "path",
+        bounds: StorageBounds | None = None,
+    ) -> Storage:
         """The storage of ``url``; ``option`` names the option it came from in errors.
 
         The family is chosen from the filesystem class fsspec registers for the URL's protocol,
@@ -139,11 +158,12 @@ class Storage(ABC):
                 "conditional create, which every commit of the store needs",
             )
         family.check_option_names(fs_class, options)
+        bounds = bounds or StorageBounds()
         try:
-            fs, root = fsspec.core.url_to_fs(url, **family.fs_options(options))
+            fs, root = fsspec.core.url_to_fs(url, **family.fs_options(options, bounds))
         except (TypeError, ValueError) as exc:
             raise DedupOptionError(option, url, f"a URL fsspec can open: {exc}") from exc
-        return family(url, fs, root, options)
+        return family(url, fs, root, options, bounds)
 
     @classmethod
     def handles(cls, fs_class: type) -> bool:
@@ -195,10 +215,23 @@ class Storage(ABC):
             )
 
     @classmethod
-    def fs_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+    def fs_options(cls, options: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
         """Storage options for fsspec: the user's, with listings never cached (a listing another
-        process has since changed must not be reused)."""
+        process has since changed must not be reused); remote families add the client's
+        timeouts and leave retries to ``Attempts``, unless the user set them."""
         return {**options, "use_listings_cache": False}
+
+    def tune_client(self) -> None:
+        """Bound what the client's options cannot (a family's hook, run once per instance)."""
+        return
+
+    def _call(self, operation: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``call`` (a method of the filesystem, or a function of this class's) within the
+        bounds: retried on transient faults, given up with ``StoreUnavailableError`` once the
+        budget is spent. Remote families only: a local disk's failures are answers."""
+        if not self.remote:
+            return call(*args, **kwargs)
+        return self.attempts.run(operation, call, *args, **kwargs)
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -216,15 +249,22 @@ class Storage(ABC):
     # -- reading (never cached) ------------------------------------------------------------------
 
     def read(self, path: str) -> bytes:
-        return bytes(self.fs.cat_file(path))
+        return bytes(self._call(f"GET {path}", self.fs.cat_file, path))
+
+    def open_read(self, path: str) -> IO[bytes]:
+        """``path`` for reading as a file: a remote one read whole, within the bounds (a
+        stream's reads would each be a request no retry covers)."""
+        if not self.remote:
+            return self.fs.open(path, "rb")  # type: ignore[no-any-return]
+        return io.BytesIO(self.read(path))
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """The bytes of ``path`` from ``start`` to ``end``: fewer at the end of a short file,
         none from its end on (object stores answer such a range with an error, 416, which
         would hide a truncated file's name; the caller's length check names it)."""
         try:
-            return bytes(self.fs.cat_file(path, start=start, end=end))
-        except FileNotFoundError:
+            return bytes(self._call(f"GET {path}", self.fs.cat_file, path, start=start, end=end))
+        except (FileNotFoundError, StoreUnavailableError):
             raise
         except Exception:  # each client raises its own type for a 416: asking the size is exact
             if start < self.size(path):
@@ -241,7 +281,7 @@ class Storage(ABC):
     def entries(self, folder: str) -> dict[str, Entry]:
         """The files directly in ``folder`` by name; empty when the folder does not exist."""
         try:
-            infos = self.fs.ls(folder, detail=True)
+            infos = self._call(f"LIST {folder}", self.fs.ls, folder, detail=True)
         except FileNotFoundError:
             return {}
         entries = {}
@@ -259,7 +299,7 @@ class Storage(ABC):
     def find(self, folder: str) -> list[str]:
         """Every file under ``folder``, at any depth (one listing where the filesystem can)."""
         try:
-            found = self.fs.find(folder, detail=True)
+            found = self._call(f"LIST {folder}", self.fs.find, folder, detail=True)
         except FileNotFoundError:
             return []
         return sorted(name for name, info in found.items() if info.get("type") != "directory")
@@ -267,37 +307,45 @@ class Storage(ABC):
     def folders(self, folder: str) -> list[str]:
         """The names of the folders directly in ``folder``."""
         try:
-            infos = self.fs.ls(folder, detail=True)
+            infos = self._call(f"LIST {folder}", self.fs.ls, folder, detail=True)
         except FileNotFoundError:
             return []
         return sorted(basename(i["name"]) for i in infos if i.get("type") == "directory")
 
     def exists(self, path: str) -> bool:
-        return bool(self.fs.exists(path))
+        return bool(self._call(f"HEAD {path}", self.fs.exists, path))
 
     def size(self, path: str) -> int:
-        return int(self.fs.info(path).get("size") or 0)
+        return int(self._call(f"HEAD {path}", self.fs.info, path).get("size") or 0)
 
     # -- writing ---------------------------------------------------------------------------------
 
     def ensure_folder(self, folder: str) -> None:
         """Create ``folder`` where folders exist (object stores have none: nothing to do)."""
-        self.fs.makedirs(folder, exist_ok=True)
+        self._call(f"MKDIR {folder}", self.fs.makedirs, folder, exist_ok=True)
 
     def write(self, path: str, data: bytes | Iterable[bytes | memoryview]) -> None:
         """Write a whole file (replacing any), from bytes or from chunks in order."""
         self.ensure_folder(parent(path))
         if isinstance(data, bytes | bytearray):
-            self.fs.pipe_file(path, bytes(data))
+            self._call(f"PUT {path}", self.fs.pipe_file, path, bytes(data))
             return
-        chunks = [data] if isinstance(data, memoryview) else data  # not its bytes one by one
+        # The chunks are kept (not their bytes joined): a retry writes them again.
+        chunks = [data] if isinstance(data, memoryview) else list(data)
+        self._call(f"PUT {path}", self._write_chunks, path, chunks)
+
+    def _write_chunks(self, path: str, chunks: list[bytes | memoryview]) -> None:
         with self.fs.open(path, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
 
     def open_write(self, path: str) -> IO[bytes]:
+        """``path`` for writing as a file (replacing any). A remote file is written whole when
+        closed, within the bounds: a stream's parts would each be a request no retry covers."""
         self.ensure_folder(parent(path))
-        return self.fs.open(path, "wb")  # type: ignore[no-any-return]
+        if not self.remote:
+            return self.fs.open(path, "wb")  # type: ignore[no-any-return]
+        return _WrittenOnClose(self, path)
 
     @abstractmethod
     def create(self, path: str, data: bytes) -> None:
@@ -318,7 +366,7 @@ class Storage(ABC):
     def delete(self, paths: Iterable[str]) -> None:
         for path in paths:
             with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(path)
+                self._call(f"DELETE {path}", self.fs.rm_file, path)
 
     def _reads_as_pattern(self, path: str) -> bool:
         """Whether ``fs.rm`` would expand ``path`` as a glob instead of taking it as a name."""
@@ -332,7 +380,7 @@ class Storage(ABC):
             self.delete(self.find(folder))
             return
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(folder, recursive=True)
+            self._call(f"DELETE {folder}", self.fs.rm, folder, recursive=True)
 
     def discard_folder(self, folder: str, files: list[str]) -> None:
         """Remove ``folder``, whose files are known to be ``files``."""
@@ -482,7 +530,7 @@ class HdfsStorage(Storage):
         return name in known or "." in name
 
     @classmethod
-    def fs_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+    def fs_options(cls, options: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
         # hdfs-native lists without fsspec's listings cache and passes every option to the
         # client as a Hadoop setting, a string: use_listings_cache=False there, or any boolean,
         # fails the filesystem's construction ("'bool' object is not an instance of 'str'").
@@ -493,9 +541,11 @@ class HdfsStorage(Storage):
 
     def create(self, path: str, data: bytes) -> None:
         aside = join(parent(path), f".{basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-        self.fs.pipe_file(aside, data)
+        self._call(f"PUT {aside}", self.fs.pipe_file, aside, data)
         try:
-            self.fs.mv(aside, path)  # hdfs-native renames without overwrite by default
+            # hdfs-native renames without overwrite by default; a rename whose reply was lost
+            # finds its own file on the retry (FileExistsError), told apart by its bytes.
+            self._call(f"RENAME {path}", self.fs.mv, aside, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(aside)
@@ -504,7 +554,7 @@ class HdfsStorage(Storage):
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         self.ensure_folder(parent(target))  # a rename does not make the target's folder
         try:
-            self.fs.mv(source, target)
+            self._call(f"RENAME {target}", self.fs.mv, source, target)
         except FileNotFoundError as exc:
             self._published_already(source, target, exc)
         except FileExistsError:
@@ -523,11 +573,14 @@ class ObjectStorage(Storage):
         return  # an object's name makes its "folder"; creating one costs a request for nothing
 
     def create(self, path: str, data: bytes) -> None:
-        self.fs.pipe_file(path, data, mode="create")
+        # A create whose reply was lost finds its own object on the retry (FileExistsError):
+        # its callers tell their own bytes from another writer's.
+        self._call(f"PUT {path} (create)", self.fs.pipe_file, path, data, mode="create")
 
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         try:
-            self.fs.cp_file(source, target)  # fs.copy would read '[', '*', '?' as a pattern
+            # fs.copy would read '[', '*', '?' as a pattern
+            self._call(f"COPY {target}", self.fs.cp_file, source, target)
         except FileNotFoundError as exc:
             self._published_already(source, target, exc)
 
@@ -540,7 +593,7 @@ class ObjectStorage(Storage):
             (literal if self._reads_as_pattern(path) else batch).append(path)
         if batch:
             with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(batch)
+                self._call(f"DELETE {len(batch)} objects", self.fs.rm, batch)
         super().delete(literal)
 
     def discard_folder(self, folder: str, files: list[str]) -> None:
@@ -557,7 +610,8 @@ class ObjectStorage(Storage):
             raise DedupOptionError(option, mask_values(self.url, secrets), silent)
         bucket = self.root.split("/", 1)[0]
         try:
-            self.fs.info(bucket)
+            # A store that accepts connections and never answers fails the start in seconds.
+            self.attempts.run(f"HEAD {bucket}", self.fs.info, bucket, budget=self.bounds.start)
         except Exception as exc:
             refusal = self.refusal(exc, option)
             if refusal is None:
@@ -570,7 +624,9 @@ class ObjectStorage(Storage):
         masked; None for any other failure. ``check_reachable`` and the CLI share it."""
         bucket = self.root.split("/", 1)[0]
         at = f" at {self.endpoint()}" if self.endpoint() else ""
-        if isinstance(exc, FileNotFoundError):
+        if isinstance(exc, StoreUnavailableError):
+            accepted = self.silent_text()
+        elif isinstance(exc, FileNotFoundError):
             accepted = f"a URL in an existing bucket or container: {bucket!r} does not exist{at}"
         elif isinstance(exc, PermissionError):
             accepted = f"a location these credentials may use: access denied{at} ({_first(exc)})"
@@ -603,6 +659,15 @@ class ObjectStorage(Storage):
         except OSError as exc:
             why = "connection refused" if isinstance(exc, ConnectionRefusedError) else _first(exc)
             return f"{self.nothing_answers(endpoint)} ({why})"
+
+    def silent_text(self) -> str:
+        """What is accepted when the endpoint takes connections but never replies."""
+        endpoint = self.endpoint() or self.service
+        named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
+        return (
+            f"an endpoint that answers: the {self.service} endpoint {endpoint}{named} accepted the "
+            f"connection but sent no reply within {self.bounds.start:g} s (storageConnectTimeout)"
+        )
 
     def nothing_answers(self, endpoint: str) -> str:
         """What is accepted when no server answers at ``endpoint``."""
@@ -645,6 +710,25 @@ class S3Storage(ObjectStorage):
             names.update(_named_parameters(init))
         return frozenset(names)
 
+    @classmethod
+    def fs_options(cls, options: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
+        # botocore's timeouts bound each attempt; s3fs's five retries and botocore's own would
+        # multiply into minutes for one silent request, so ``Attempts`` alone retries (s3fs's
+        # are switched off by ``tune_client``).
+        given = super().fs_options(options, bounds)
+        config = given.get("config_kwargs")
+        if config is None or isinstance(config, dict):
+            given["config_kwargs"] = {
+                "connect_timeout": bounds.connect_timeout,
+                "read_timeout": bounds.read_timeout,
+                "retries": {"total_max_attempts": 1},
+                **(config or {}),
+            }
+        return given
+
+    def tune_client(self) -> None:
+        self.fs.retries = 1  # a class attribute of s3fs's, no option: its own retries off
+
     def endpoint(self) -> str | None:
         client = getattr(self.fs, "client_kwargs", None) or {}
         return (
@@ -686,11 +770,11 @@ class S3Storage(ObjectStorage):
         # A ranged GET: a plain cat_file first asks the object's size with a HEAD. S3 answers
         # a range of an empty object with 416 (InvalidRange): that one is read whole.
         try:
-            return bytes(self.fs.cat_file(path, start=0))
+            return bytes(self._call(f"GET {path}", self.fs.cat_file, path, start=0))
         except OSError as exc:
             if "InvalidRange" not in repr(exc.__cause__) and "not satisfiable" not in str(exc):
                 raise
-            return bytes(self.fs.cat_file(path))
+            return bytes(self._call(f"GET {path}", self.fs.cat_file, path))
 
     def create(self, path: str, data: bytes) -> None:
         # S3 answers a conditional PUT that meets another write of the key in flight with 409
@@ -713,7 +797,9 @@ class S3Storage(ObjectStorage):
         source_bucket, source_key, _ = self.fs.split_path(source)
         try:
             # One CopyObject; fs.copy would first HEAD the source and list both folders.
-            self.fs.call_s3(
+            self._call(
+                f"COPY {target}",
+                self.fs.call_s3,
                 "copy_object",
                 Bucket=bucket,
                 Key=key,
@@ -726,7 +812,7 @@ class S3Storage(ObjectStorage):
         # One HEAD: fs.exists also lists the parent when the object is missing.
         bucket, key, _ = self.fs.split_path(path)
         try:
-            self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+            self._call(f"HEAD {path}", self.fs.call_s3, "head_object", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return False
         return True
@@ -746,8 +832,12 @@ class S3Storage(ObjectStorage):
 
     def _delete_objects(self, bucket: str, keys: list[str]) -> None:
         objects = [{"Key": key} for key in keys]
-        reply = self.fs.call_s3(
-            "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True}
+        reply = self._call(
+            f"DELETE {len(keys)} objects",
+            self.fs.call_s3,
+            "delete_objects",
+            Bucket=bucket,
+            Delete={"Objects": objects, "Quiet": True},
         )
         failed = [e for e in reply.get("Errors") or [] if e.get("Code") != "NoSuchKey"]
         if failed:
@@ -789,6 +879,14 @@ class GcsStorage(ObjectStorage):
     more_option_names = ("memmove_max_workers",)
     example_options = ("project", "token", "endpoint_url")
 
+    @classmethod
+    def fs_options(cls, options: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
+        # gcsfs retries inside each call (up to six times, pausing up to 32 s): the attempt's
+        # deadline cuts that short, and each request is bounded by its own timeout.
+        given = super().fs_options(options, bounds)
+        given.setdefault("requests_timeout", bounds.read_timeout)
+        return given
+
     def client_errors(self) -> tuple[type[BaseException], ...]:
         from aiohttp import ClientError
         from gcsfs.retry import HttpError
@@ -804,6 +902,23 @@ class AzureStorage(ObjectStorage):
     protocols = ("abfs", "az", "abfss")
     example_options = ("account_name", "account_key", "connection_string")
 
+    @classmethod
+    def fs_options(cls, options: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
+        given = super().fs_options(options, bounds)
+        given.setdefault("connection_timeout", max(1, round(bounds.connect_timeout)))
+        given.setdefault("read_timeout", max(1, round(bounds.read_timeout)))
+        return given
+
+    def tune_client(self) -> None:
+        # Azure's SDK retries ten times, its pauses starting at 15 s, and adlfs takes no option
+        # for it: its policy object, shared by every client made from the service's, is told
+        # to leave retries to ``Attempts``.
+        config = getattr(getattr(self.fs, "service_client", None), "_config", None)
+        policy = getattr(config, "retry_policy", None)
+        for name in ("total_retries", "connect_retries", "read_retries", "status_retries"):
+            if hasattr(policy, name):
+                setattr(policy, name, 0)
+
     def client_errors(self) -> tuple[type[BaseException], ...]:
         from azure.core.exceptions import AzureError
 
@@ -813,7 +928,7 @@ class AzureStorage(ObjectStorage):
         super().publish(source, target, size)
         # adlfs starts a server-side copy and returns; Azure may report it "pending", and the
         # commit deletes the staged source next, which would fail a copy still running.
-        fsspec.asyn.sync(self.fs.loop, self._copy_done, target)
+        fsspec.asyn.sync(self.fs.loop, self._copy_done, target, timeout=self.bounds.budget)
 
     async def _copy_done(self, target: str) -> None:
         container, blob, _ = self.fs.split_path(target)
@@ -830,6 +945,28 @@ class AzureStorage(ObjectStorage):
                 )
             await asyncio.sleep(pause)
             pause = min(2 * pause, 2.0)
+
+
+class _WrittenOnClose(io.BytesIO):
+    """A remote file written as one request when closed, within the storage's bounds (and
+    not at all when its ``with`` block fails)."""
+
+    def __init__(self, storage: Storage, path: str) -> None:
+        super().__init__()
+        self._storage = storage
+        self._path = path
+
+    def __exit__(self, kind: Any, *rest: Any) -> None:
+        if kind is not None:
+            super().close()
+            return
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            data = self.getvalue()
+            super().close()  # closed even if the write fails: the caller's error is the write's
+            self._storage._call(f"PUT {self._path}", self._storage.fs.pipe_file, self._path, data)
 
 
 def _named_parameters(function: Any) -> list[str]:

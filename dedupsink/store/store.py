@@ -41,7 +41,7 @@ from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest, Segment
 from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import StoreSettings
-from dedupsink.store.storage import Entry, Storage
+from dedupsink.store.storage import Entry, Storage, StorageBounds
 
 LOG_DIR = "_log"
 DATA_DIR = "data"
@@ -139,15 +139,19 @@ class BucketStore:
     """A store at one URL; pickles as that URL and its storage options."""
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any] | None = None, option: str = STORE_PATH
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        option: str = STORE_PATH,
+        bounds: StorageBounds | None = None,
     ) -> None:
-        self.storage = Storage.for_url(url.rstrip("/"), storage_options, option)
+        self.storage = Storage.for_url(url.rstrip("/"), storage_options, option, bounds)
         self.url = self.storage.url
         # Each segment read names its file's URL for its errors: built once, not per segment.
         self._data_url = self.storage.full_url(self.path(DATA_DIR))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (BucketStore, (self.url, self.storage.options))
+        return (BucketStore, (self.url, self.storage.options, STORE_PATH, self.storage.bounds))
 
     def path(self, *parts: str) -> str:
         return self.storage.path(*parts)

@@ -20,6 +20,7 @@ from dedupsink.store.compaction import WrittenWindowFile
 from dedupsink.store.format import Manifest, PortState, Segment
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer, check_not_fenced, next_owner
 from dedupsink.store.records import Publication, StateUse, WindowCounts, WindowRecord
+from dedupsink.store.retry import StoreWaits
 from dedupsink.store.store import GARBAGE_EVERY, BucketStore, garbage_due
 
 KEEP_QUERIES = 32
@@ -283,6 +284,7 @@ class RecordWindow:
     task_seconds: float
     state: StateUse = field(default_factory=StateUse)
     error_reasons: tuple[tuple[str, int], ...] = ()
+    store_waits: StoreWaits = field(default_factory=StoreWaits)
 
     def apply(self, next_version: NextVersion) -> None:
         manifest = next_version.manifest
@@ -299,6 +301,7 @@ class RecordWindow:
             task_seconds=round(self.task_seconds, 3),
             state=self.state,
             error_reasons=self.error_reasons,
+            store_waits=self.store_waits,
         )
 
 
