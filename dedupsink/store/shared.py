@@ -8,12 +8,22 @@ the name is its identity. Every sink process of the machine maps the same file r
 searches it in place: the OS page cache holds one copy, shared, whatever the number of task
 slots, and gives it back under memory pressure (clean file pages are dropped, not swapped).
 
+The folder is the user's alone: both levels are created owner-only (0o700), and the folder is
+used only if each is a real folder (not a link) of this process's user that no one else can
+write; otherwise one warning, and the process keeps its keys private (the root may be the
+system's temporary folder, shared by every user of the machine). Copies are read-only (0o444).
+
 A file is written aside and linked into place (a link fails if the name exists), so a reader
 sees a whole file or none; two processes building the same segment both succeed and map the
-winner's. Each file carries a CRC-32 of its payload, checked the first time a process maps it:
-a damaged or truncated file is deleted and rebuilt from the store, never read as "no keys".
-``sweep`` deletes the files of segments the store no longer lists, and those no process of the
-machine has opened for ``IDLE_SECONDS``: the folder holds about what the machine's tasks use.
+winner's. A write that fails (a full disk, a file size limit) removes the aside file and keeps
+that segment's keys private. Each file carries a CRC-32 of its payload, checked the first time a
+process maps it and again whenever the file's inode, size, mtime or ctime changed: a damaged or
+truncated file is deleted and rebuilt from the store, never read as "no keys". A file truncated
+in place while a process maps it is the one damage no check can catch: the process dies of
+SIGBUS at its next read of the lost pages, and a retry of its task rebuilds the copy
+(docs/RELIABILITY.md). ``sweep`` deletes the files of segments the store no longer lists, and
+those no process of the machine has opened for ``IDLE_SECONDS``: the folder holds about what the
+machine's tasks use.
 
 Layout of a file: a 32-byte header (``DSKEYS01``, key count, flags, CRC-32 of the payload,
 padding), then ``h1[n] | h2[n] | stamps[n]`` as little-endian 64-bit words, sorted by ``h1``
@@ -26,6 +36,7 @@ import contextlib
 import logging
 import mmap
 import os
+import stat
 import struct
 import tempfile
 import threading
@@ -56,10 +67,14 @@ SWEEP_GRACE_SECONDS = 120.0
 IDLE_SECONDS = 1800.0
 _RENEW_SECONDS = 60.0
 
-# Files this process has checked, by path: (inode, size, mtime) when checked. A file is never
-# rewritten in place, so a later map of the same inode needs no second read of its bytes.
+# Owner-only folders; read-only copies (written owner-only, made read-only before linking).
+_FOLDER_MODE, _ASIDE_MODE, _COPY_MODE = 0o700, 0o600, 0o444
+
+# Files this process has checked, by path: (inode, size, mtime, ctime) when checked. A file is
+# never rewritten in place, so a later map of the same inode needs no second read of its bytes;
+# a write in place changes the size or mtime, and ctime too (which no one can set back).
 _checked_lock = threading.Lock()
-_checked: dict[str, tuple[int, int, int]] = RUNTIME.cache(
+_checked: dict[str, tuple[int, int, int, int]] = RUNTIME.cache(
     "store.shared_checked", dict, _checked_lock
 )
 _CHECKED_BOUND = 200_000
@@ -95,20 +110,42 @@ class SharedSegments:
 
     @property
     def usable(self) -> bool:
-        """Whether the folder can be written (checked once; without it, keys stay private)."""
+        """Whether the folder holds this process's copies (decided once): created owner-only
+        if missing, used only if it is this user's alone; otherwise one warning, and keys stay
+        private (nothing in the folder is read, written or deleted)."""
         if self._usable is None:
-            try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                self._usable = os.access(self.folder, os.W_OK)
-            except OSError:
-                self._usable = False
-            if not self._usable:
-                log.warning("dedup state folder %s is not writable: keys stay private", self.folder)
+            why = self._refusal()
+            if why is not None:
+                log.warning("dedup state folder %s: keys stay private", why)
+            self._usable = why is None
         return self._usable
 
+    def _refusal(self) -> str | None:
+        """Why the folder cannot be used (a folder and the reason), None if it can."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"{self.root} cannot be created ({exc})"
+        uid = os.geteuid()
+        # The outer level first: inside a folder another user controls, nothing is created.
+        for folder in (self.root / STATE_FOLDER, self.folder):
+            try:
+                _make_owner_only(folder)
+                info = os.lstat(folder)
+            except OSError as exc:
+                return f"{folder} cannot be created ({exc})"
+            why = _not_private(info, uid)
+            if why is not None:
+                return f"{folder} {why}"
+        if not os.access(self.folder, os.W_OK | os.X_OK):
+            return f"{self.folder} is not writable"
+        return None
+
     def open(self, segment: Segment) -> KeySet | None:
-        """The segment's keys mapped from its shared file; None if there is none yet or the
-        file was damaged (then deleted, for the caller to rebuild)."""
+        """The segment's keys mapped from its shared file; None if there is none yet, the
+        folder is not used, or the file was damaged (then deleted, for the caller to rebuild)."""
+        if not self.usable:
+            return None
         path = self.path(segment)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -119,12 +156,15 @@ class SharedSegments:
             return None
         try:
             info = os.fstat(fd)
-            keys = _keys_of(_mapped(fd, info, mmap.ACCESS_READ), self._needs_check(path, info))
+            check = self._needs_check(path, info)
+            keys = _keys_of(_mapped(fd, info, mmap.ACCESS_READ), check)
         except (OSError, ValueError, _Damaged) as exc:
             self._discard(path, str(exc))
             return None
         finally:
             os.close(fd)
+        if check:  # marked only once it passed: another thread may be opening it meanwhile
+            self._mark_checked(path, info)
         if time.time() - info.st_mtime > _RENEW_SECONDS:
             with contextlib.suppress(OSError):
                 os.utime(path)
@@ -132,31 +172,33 @@ class SharedSegments:
 
     def publish(self, segment: Segment, keys: KeySet) -> KeySet:
         """Write the segment's sorted keys as its shared file (unless a file is there already)
-        and return them mapped from it; the keys as given if the folder cannot be written."""
+        and return them mapped from it; the keys as given if the folder is not used or the file
+        cannot be written (a full disk: the aside file is removed, the batch goes on)."""
         if not self.usable:
             return keys
         path = self.path(segment)
         aside = f"{self.folder}/.{segment.file}@{segment.offset}.{uuid.uuid4().hex[:12]}.tmp"
         try:
-            fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL, _ASIDE_MODE)
         except OSError as exc:
             return self._private(path, keys, exc)
         try:
             _write_all(fd, _encode(keys))
-            info = os.fstat(fd)
+            os.fchmod(fd, _COPY_MODE)  # read-only before anyone can open it by its name
             os.link(aside, path)
+            os.unlink(aside)
+            info = os.fstat(fd)  # after the link and the unlink, which change the ctime
+            mapped = _keys_of(_mapped(fd, info, mmap.ACCESS_READ), check=False)
         except FileExistsError:  # built first by another process: the same keys
             return self.open(segment) or keys
         except OSError as exc:
             return self._private(path, keys, exc)
-        else:
-            mapped = _keys_of(_mapped(fd, info, mmap.ACCESS_READ), check=False)
-            self._mark_checked(path, info)  # written from these very keys: no read back
-            return mapped
         finally:
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(aside)
+        self._mark_checked(path, info)  # written from these very keys: no read back
+        return mapped
 
     @staticmethod
     def _private(path: str, keys: KeySet, exc: OSError) -> KeySet:
@@ -167,6 +209,8 @@ class SharedSegments:
         """Delete the shared files of window files the store no longer lists (and leftovers of
         writers that died) once older than ``SWEEP_GRACE_SECONDS``, and those not opened for
         ``IDLE_SECONDS``; the files deleted."""
+        if not self.usable:
+            return 0  # another user's folder, or a shared one: not ours to clean
         now = time.time() if now is None else now
         deleted = 0
         try:
@@ -188,17 +232,15 @@ class SharedSegments:
 
     def _mark_checked(self, path: str, info: os.stat_result) -> None:
         with _checked_lock:
-            _checked[path] = (info.st_ino, info.st_size, info.st_mtime_ns)
-
-    def _needs_check(self, path: str, info: os.stat_result) -> bool:
-        stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
-        with _checked_lock:
-            if _checked.get(path) == stamp:
-                return False
             if len(_checked) >= _CHECKED_BOUND:
                 _checked.clear()
-            _checked[path] = stamp
-        return True
+            _checked[path] = _stamp(info)
+
+    def _needs_check(self, path: str, info: os.stat_result) -> bool:
+        """Whether this process has not checked the file as it is now (a new file, or one
+        changed since: another inode, size, mtime or ctime)."""
+        with _checked_lock:
+            return _checked.get(path) != _stamp(info)
 
     def _discard(self, path: str, why: str) -> None:
         log.warning("dedup shared copy %s is damaged (%s): rebuilt from the store", path, why)
@@ -210,6 +252,34 @@ class SharedSegments:
 
 class _Damaged(Exception):
     """A shared file that does not hold what its header says (never leaves this module)."""
+
+
+def _stamp(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _make_owner_only(folder: Path) -> None:
+    """Create the folder owner-only if it is missing; an existing one is left as it is."""
+    try:
+        os.mkdir(folder, _FOLDER_MODE)
+    except FileExistsError:
+        return
+    os.chmod(folder, _FOLDER_MODE)  # mkdir's mode passes through the umask
+
+
+def _not_private(info: os.stat_result, uid: int) -> str | None:
+    """Why a folder (its ``lstat``) is not this user's alone, None if it is."""
+    mode = stat.S_IMODE(info.st_mode)
+    seen = f"owner uid {info.st_uid}, mode {mode:#o}"
+    if stat.S_ISLNK(info.st_mode):
+        return f"is a symbolic link ({seen})"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"is not a folder ({seen})"
+    if info.st_uid != uid:
+        return f"belongs to another user ({seen}; this process runs as uid {uid})"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"can be written by other users ({seen})"
+    return None
 
 
 def _write_all(fd: int, chunks: list[bytes | memoryview]) -> None:
