@@ -232,7 +232,17 @@ def _takes_deadline(call: Callable[..., Any]) -> bool:
 
 
 def _first(exc: BaseException) -> str:
-    """An exception's type and message on one line."""
+    """An exception on one line: the service's status and code where the chain has them
+    (``503 SlowDown``), then its type and message."""
     text = " ".join(str(exc).split())
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else name
+    described = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None:
+            break
+        status, code = _status_of(seen), _code_of(seen)
+        if status or code:
+            said = " ".join(str(part) for part in (status, code) if part)
+            return f"{said} ({described})"
+        seen = seen.__cause__ or seen.__context__
+    return described
