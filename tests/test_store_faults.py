@@ -249,10 +249,10 @@ def test_every_command_against_a_silent_endpoint_says_so_in_one_line_within_10_s
 def test_sigkill_loop_on_s3_with_faults_on_ends_exactly_once(
     tmp_path: Path, place: tuple[Remote, Remote], proxy: FaultProxy
 ) -> None:
-    """The direct engine (the sink's code without Spark's transport) runs 12 windows on S3
+    """The direct engine (the sink's code without Spark's transport) runs 24 windows on S3
     through the proxy, killed with SIGKILL after a random while, restarted until it ends."""
     through, direct = place
-    inputs = [ordered_batch(b) for b in range(12)]
+    inputs = [ordered_batch(b) for b in range(24)]
     write_inputs(tmp_path / "in", inputs)
     ctl = Control(tmp_path / "control").setup()
     config = {
@@ -269,7 +269,7 @@ def test_sigkill_loop_on_s3_with_faults_on_ends_exactly_once(
     for attempt in range(40):
         running = DriverProcess({**config, "attempt": attempt}, ctl, tmp_path)
         try:
-            running.process.wait(timeout=chance.uniform(1.0, 6.0))
+            running.process.wait(timeout=chance.uniform(1.0, 4.0))
         except subprocess.TimeoutExpired:
             running.process.send_signal(signal.SIGKILL)
         done = running.wait(timeout=300)
