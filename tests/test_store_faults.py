@@ -42,7 +42,7 @@ from faults import (
     write_inputs,
 )
 from pyspark.errors import StreamingQueryException
-from servers import Remote, S3Server
+from servers import Azurite, Remote, S3Server
 from streams import PORT_NAMES, files_under, port_rows, read_port, reference_outputs, start_stream
 
 from dedupsink.errors import StoreUnavailableError
@@ -310,3 +310,23 @@ def test_a_window_whose_store_stays_throttled_fails_within_the_budget(
     restarted.window(1, inputs[1], partitions=2, attempt=1)
     restarted.window(2, inputs[2], partitions=2)
     assert_as_the_reference(direct, inputs)
+
+
+def test_windows_on_azure_through_server_busy_and_resets_equal_the_reference(
+    azure: Azurite,
+) -> None:
+    """Azure's emulator behind the proxy: ``503 ServerBusy`` (Azure's throttling), resets and
+    truncated replies are retried by the sink (the Azure SDK's own retries are off)."""
+    direct = azure.remote("wire")
+    inputs = [ordered_batch(b) for b in range(12)]
+    upstream = f"http://127.0.0.1:{azure.port}"
+    with FaultProxy(upstream, seed=9, flavor="azure") as proxy:
+        through = proxied(direct, proxy)
+        sink = LocalSink(sink_options(through), ROW_SCHEMA)
+        proxy.set(slowdown=0.05, reset=0.02, truncate=0.02)
+        for batch_id, window in enumerate(inputs):
+            sink.window(batch_id, window, partitions=2)
+        struck = proxy.counts()
+    assert struck["slowdown"] > 0 and struck["reset"] + struck["truncate"] > 0, struck
+    assert_as_the_reference(direct, inputs)
+    assert sum(store_retries(direct)) > 0

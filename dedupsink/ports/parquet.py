@@ -9,6 +9,7 @@ never sees a staged file.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -68,12 +69,21 @@ class ParquetPorts(PortFormat):
         return moves, entry
 
     def publish(self, publication: Publication, store_id: str) -> None:
-        """Each file under its final name, then the log entries; safe to repeat."""
-        storage = self.output.storage
-        for move in publication.moves:
-            storage.publish(self.output.path(move.staged), self.output.path(move.target), move.size)
-        for entry in publication.entries:
-            PortLog(self.output, entry.port).write(entry, publication)
+        """Each file under its final name, then the log entries, the last one last (it marks
+        the publication done: ``is_published``); safe to repeat. On an object store a request
+        costs a round trip: the copies go together, then the entries before the last."""
+        storage, output = self.output.storage, self.output
+        storage.together(
+            partial(storage.publish, output.path(m.staged), output.path(m.target), m.size)
+            for m in publication.moves
+        )
+        if not publication.entries:
+            return
+        *before, last = publication.entries
+        storage.together(
+            partial(PortLog(output, entry.port).write, entry, publication) for entry in before
+        )
+        PortLog(output, last.port).write(last, publication)
 
     def is_published(self, publication: Publication, store_id: str) -> bool:
         """Whether the last log entry, written last, is there."""

@@ -22,6 +22,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
@@ -59,6 +60,7 @@ _CONNECT_SECONDS = 2.0
 # What fsspec reads as a glob pattern in a path given to rm, copy or mv.
 _GLOB_CHARS = re.compile(r"[*?[]")
 _S3_CONFLICT_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds before each retry of a 409
+_TOGETHER = 8  # the most requests ``Storage.together`` has in flight
 
 
 def join(*parts: str) -> str:
@@ -224,6 +226,20 @@ class Storage(ABC):
     def tune_client(self) -> None:
         """Bound what the client's options cannot (a family's hook, run once per instance)."""
         return
+
+    def together(self, calls: Iterable[Callable[[], object]]) -> None:
+        """Make independent calls: at once on a remote family (each a round trip, the client's
+        loop sends them side by side), one after the other on a local one. The first failure
+        is raised once every call has ended."""
+        pending = list(calls)
+        if not self.remote or len(pending) < 2:
+            for call in pending:
+                call()
+            return
+        with ThreadPoolExecutor(min(len(pending), _TOGETHER)) as pool:
+            futures = [pool.submit(call) for call in pending]
+        for future in futures:
+            future.result()
 
     def _call(self, operation: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``call`` (a method of the filesystem, or a function of this class's) within the
@@ -924,11 +940,19 @@ class AzureStorage(ObjectStorage):
 
         return (OSError, AzureError)
 
+    def delete(self, paths: Iterable[str]) -> None:
+        # One request a blob, each retried on its own: adlfs's bulk rm first asks each blob
+        # whether it exists, so one throttled request out of dozens would redo them all.
+        Storage.delete(self, paths)
+
     def publish(self, source: str, target: str, size: int | None = None) -> None:
         super().publish(source, target, size)
         # adlfs starts a server-side copy and returns; Azure may report it "pending", and the
         # commit deletes the staged source next, which would fail a copy still running.
-        fsspec.asyn.sync(self.fs.loop, self._copy_done, target, timeout=self.bounds.budget)
+        self._call(f"HEAD {target} (copy status)", self._await_copy, target)
+
+    def _await_copy(self, target: str) -> None:
+        fsspec.asyn.sync(self.fs.loop, self._copy_done, target, timeout=self.bounds.attempt)
 
     async def _copy_done(self, target: str) -> None:
         container, blob, _ = self.fs.split_path(target)
