@@ -208,12 +208,17 @@ class PortWriters:
     def roll(self, port: str) -> None:
         """Close ``port``'s file (a later write opens a new one)."""
         if port in self._open:
-            handle, writer, record = self._open.pop(port)
-            writer.close()
-            record.size = int(handle.tell())
-            handle.close()
-            record.stats = self.output.stats(port, writer)
-            self._closed.append(record)
+            self._finish(port).close()
+
+    def _finish(self, port: str) -> IO[bytes]:
+        """``port``'s file complete and recorded; its handle, to close (which writes a
+        remote file)."""
+        handle, writer, record = self._open.pop(port)
+        writer.close()
+        record.size = int(handle.tell())
+        record.stats = self.output.stats(port, writer)
+        self._closed.append(record)
+        return handle
 
     def closed(self, port: str) -> list[PortFile]:
         """``port``'s closed files, in the order they were written."""
@@ -229,8 +234,9 @@ class PortWriters:
         self._closed[at] = self.output.write_port_file(old.port, relative, rows)
 
     def close(self) -> list[PortFile]:
-        for port in list(self._open):
-            self.roll(port)
+        # On an object store each file is a request: the last files of the ports go together.
+        handles = [self._finish(port) for port in list(self._open)]
+        self.output.storage.together(handle.close for handle in handles)
         return list(self._closed)
 
     def discard(self) -> None:
