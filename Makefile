@@ -1,6 +1,7 @@
 # dedupsink — every target sets itself up: a fresh clone needs only Python 3.11, Java 17 and make
 # (and npm for the test targets, which install the tests' Azure emulator; on Debian as root they
-# install chromium too, for the report's browser test).
+# install chromium too, for the report's browser test, and PostgreSQL, for the Iceberg SQL
+# catalog's tests).
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,6 +13,7 @@ STAMP := $(VENV)/.installed
 SOURCES := pyspark_dedup.py $(shell find dedupsink -name '*.py' -not -path '*/__pycache__/*')
 AZURITE_STAMP := $(VENV)/azurite/.installed
 CHROMIUM_STAMP := $(VENV)/.chromium
+POSTGRES_STAMP := $(VENV)/.postgresql
 # Microsoft's Azure Blob emulator, for the tests
 AZURITE_VERSION := 3.37.0
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -50,6 +52,14 @@ $(CHROMIUM_STAMP): | $(STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@touch $(CHROMIUM_STAMP)
 
+# The Iceberg catalog tests run pyiceberg's SQL catalog on a real PostgreSQL: Debian's server, of
+# which the tests start a throwaway cluster. Where it cannot be installed they are skipped.
+$(POSTGRES_STAMP): | $(STAMP)
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then touch $(POSTGRES_STAMP); \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null && touch $(POSTGRES_STAMP); \
+	else echo "note: the tests of the Iceberg SQL catalog on PostgreSQL will be skipped: install Debian's 'postgresql' package (sudo apt-get install postgresql)"; fi
+
 install: $(STAMP) $(AZURITE_STAMP) ## Create .venv and install dedupsink with its dev tools and the tests' emulator
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy
@@ -61,16 +71,16 @@ format: $(STAMP) ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix dedupsink tests bench tools pyspark_dedup.py
 	$(VENV)/bin/ruff format dedupsink tests bench tools pyspark_dedup.py
 
-test: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything but the slow tests, Spark and cluster tests included (under 15 minutes)
+test: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) $(POSTGRES_STAMP) ## Everything but the slow tests, Spark and cluster tests included (under 15 minutes)
 	$(PY) -m pytest -q -m "not slow"
 
 test-fast: $(STAMP) ## Unit tests only: engine, store, cache, options (no Spark, no browser)
 	$(PY) -m pytest -q -m "not spark and not cluster and not slow and not browser"
 
-test-slow: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
+test-slow: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) $(POSTGRES_STAMP) ## Only the slow fault, soak and scale tests (CI runs them after `make test`)
 	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no slow test collected
 
-test-all: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) ## Everything, the slow tests too
+test-all: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) $(POSTGRES_STAMP) ## Everything, the slow tests too
 	$(PY) -m pytest -q
 
 run: $(STAMP) ## Run the demo job (log dedup with 24 h tuple-time expiry) on the shipped sample data

@@ -122,3 +122,18 @@ def gcs() -> Iterator[FakeGcs]:
     server = FakeGcs().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL server on 127.0.0.1 (Debian's binaries, a cluster in a temporary
+    folder) for the whole session: the SQLAlchemy URL of its database. Skipped, naming the
+    package, where the binaries are not installed."""
+    from postgres import Postgres, missing_reason
+
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = Postgres().start()
+    yield server.url
+    server.stop()

@@ -14,6 +14,7 @@ import importlib.util
 import os
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -83,8 +84,8 @@ class IcebergPorts(PortFormat):
     def catalog_info(self) -> CatalogInfo:
         properties = self.catalog_properties()
         name = properties.pop(CATALOG_NAME, CATALOG_NAME_DEFAULT)
-        shown = {k: MASK if is_secret_property(k) else v for k, v in properties.items()}
-        return CatalogInfo(name, shown, {port: self.table_name(port) for port in PORTS})
+        tables: dict[str, str] = {port: self.table_name(port) for port in PORTS}
+        return CatalogInfo(name, shown_properties(properties), tables)
 
     def identifier(self, port: str) -> tuple[str, str]:
         return (self.options.table_namespace, f"{self.options.table_prefix}_{port}")
@@ -145,7 +146,7 @@ class IcebergPorts(PortFormat):
         except Exception as exc:  # pyiceberg raises its own, SQLAlchemy's and the OS's errors
             raise DedupOptionError(
                 ICEBERG_CATALOG_PREFIX + "<property>",
-                self.options.mask(str(properties)),
+                self.options.mask(str(shown_properties(properties))),
                 f"a catalog pyiceberg can load ({type(exc).__name__}: {exc})",
             ) from exc
 
@@ -174,7 +175,7 @@ class IcebergPorts(PortFormat):
         except Exception as exc:  # an unreachable catalog: whatever its client raises
             raise DedupOptionError(
                 ICEBERG_CATALOG_PREFIX + "uri",
-                self.options.mask(str(self.catalog_properties().get("uri"))),
+                self.options.mask(without_password(str(self.catalog_properties().get("uri")))),
                 f"a catalog that can be reached ({type(exc).__name__}: {exc})",
             ) from exc
         for port in PORTS:
@@ -304,6 +305,26 @@ class IcebergPorts(PortFormat):
             "snapshots": len(table.snapshots()),
             "published_version": published_version(table, store_id),
         }
+
+
+def shown_properties(properties: dict[str, str]) -> dict[str, str]:
+    """Catalog properties as shown (``inspect``, ``run``'s summary, errors): secrets masked by
+    name, and the password of a URL (a SQL catalog's ``postgresql+psycopg2://user:pw@host/db``,
+    whose property is named ``uri``, not like a secret)."""
+    return {
+        k: MASK if is_secret_property(k) else without_password(v) for k, v in properties.items()
+    }
+
+
+def without_password(value: str) -> str:
+    """``value`` with the password of a URL's user part masked; anything else as it is."""
+    if "@" not in value:
+        return value
+    try:
+        password = urlsplit(value).password
+    except ValueError:  # not a URL (an unbalanced '[' in its host part)
+        return value
+    return value.replace(f":{password}@", f":{MASK}@", 1) if password else value
 
 
 def expire_snapshots(table: Any, now_ms: int) -> None:
