@@ -97,6 +97,11 @@ COMPACT_TARGET_SIZE = "compactTargetSize"
 # What Delta's OPTIMIZE aims at by default.
 COMPACT_TARGET_SIZE_DEFAULT = "128 MB"
 TABLE_FORMATS = ("delta", "iceberg")
+MERGE_SCHEMA = "mergeSchema"
+# Off by default, as in Delta: an input whose columns differ from the port tables' is refused at
+# start; on, new columns are added to the tables and widenings the format allows are made
+# (ports/evolution.py).
+MERGE_SCHEMA_DEFAULT = False
 
 # A bucket span, when not given, is this fraction of the expiry period: 16 time buckets keep
 # each bucket small while one expiry period of history needs few files per bucket.
@@ -230,6 +235,8 @@ class DedupOptions:
     compact_target_size: Size = field(
         default_factory=lambda: parse_size(COMPACT_TARGET_SIZE, COMPACT_TARGET_SIZE_DEFAULT)
     )
+    # None: not given (MERGE_SCHEMA_DEFAULT); shown by to_strings only when given.
+    merge_schema: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.store_path:
@@ -242,6 +249,11 @@ class DedupOptions:
             self.storage_read_timeout.micros / 1e6,
             self.storage_timeout.micros / 1e6,
         )
+
+    @property
+    def merges_schema(self) -> bool:
+        """Whether the port tables take an input whose columns differ (``mergeSchema``)."""
+        return MERGE_SCHEMA_DEFAULT if self.merge_schema is None else self.merge_schema
 
     @property
     def has_expiry(self) -> bool:
@@ -479,6 +491,7 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec(STORAGE_TIMEOUT, "storage_timeout", parse_duration, _text_of),
     OptionSpec(COMPACT_EVERY, "compact_every", parse_non_negative_int),
     OptionSpec(COMPACT_TARGET_SIZE, "compact_target_size", parse_size, _text_of),
+    OptionSpec(MERGE_SCHEMA, "merge_schema", parse_bool, bool_text),
 )
 SINK_OPTIONS = tuple(spec.name for spec in OPTION_SPECS)
 

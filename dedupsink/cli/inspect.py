@@ -44,6 +44,8 @@ def render(inspection: Inspection) -> str:
         f"placement   {placement_text(settings)}",
         f"windows     {state.windows} committed{_last_window_text(state.last_window)}",
     ]
+    if state.schema is not None:
+        lines.append(f"schema      {state.schema.text()}")
     remembered = f"{state.remembered_keys} keys"
     if state.producers is not None:
         lines.append(f"producers   {_producers_text(state.producers)}")

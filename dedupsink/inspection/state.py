@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.fingerprint import Fingerprints
@@ -190,6 +191,30 @@ class PortState:
 
 
 @dataclass(frozen=True)
+class SchemaState:
+    """The input's columns the latest window was written with, and the store's schema version
+    (0 for the first schema the store recorded, one more with each change of the columns)."""
+
+    version: int
+    columns: tuple[tuple[str, str], ...]  # (name, Arrow type)
+
+    def text(self) -> str:
+        return f"version {self.version}: " + ", ".join(f"{n} {t}" for n, t in self.columns)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "columns": dict(self.columns)}
+
+
+def _schema_state(manifest: Manifest) -> SchemaState | None:
+    publication = manifest.publication
+    if publication is None or publication.schema is None:
+        return None
+    schema = pa.ipc.read_schema(pa.py_buffer(publication.schema))
+    columns = tuple((field.name, str(field.type)) for field in schema)
+    return SchemaState(publication.schema_version, columns)
+
+
+@dataclass(frozen=True)
 class StoreState:
     """What the store's latest version records."""
 
@@ -211,6 +236,7 @@ class StoreState:
     producers: Producers | None  # sequence dedup only
     ports: tuple[PortState, ...]
     catalog: CatalogInfo | None = None  # the catalog naming the port tables (Iceberg)
+    schema: SchemaState | None = None  # None: the store recorded none (older stores)
 
     def settings_dict(self) -> dict[str, Any]:
         """The settings as recorded, but ``assume_same_expiry`` None in the modes it does not
@@ -240,6 +266,8 @@ class StoreState:
         }
         if self.producers is not None:
             result["producers"] = self.producers.to_dict()
+        if self.schema is not None:
+            result["schema"] = self.schema.to_dict()
         result["ports"] = {p.port: p.to_dict() for p in self.ports}
         if self.catalog is not None:
             result["catalog"] = self.catalog.to_dict()
@@ -305,6 +333,7 @@ def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | Non
         producers=_producers(store, manifest) if settings.mode == "sequence" else None,
         ports=_port_states(manifest, ports),
         catalog=None if ports is None else ports.catalog_info(),
+        schema=_schema_state(manifest),
     )
 
 

@@ -63,6 +63,11 @@ class PortFormat(ABC):
         first commit (a format whose query start has nothing to check on a new output)."""
         return None
 
+    def check_recorded(self, schema: pa.Schema, recorded: pa.Schema) -> None:
+        """Refuse an input whose columns differ from the schema the store recorded its latest
+        window with, where no table of the format keeps one (Parquet folders)."""
+        return None
+
     def file_stats(self) -> FileStats:
         """Which columns of each port get statistics in the format's own record of a file
         (Delta's add actions), worked out by the tasks as they write it; None: none."""
@@ -131,6 +136,20 @@ def table_schema(port: str, schema: pa.Schema) -> pa.Schema:
     return pa.schema([_nullable(f) for f in port_schema(port, schema)])
 
 
+def schema_record(schema: pa.Schema) -> bytes:
+    """An input's schema as a publication records it: every column nullable, no metadata (two
+    queries of one input then record the same bytes), as an Arrow IPC schema."""
+    plain = pa.schema([_nullable(f).remove_metadata() for f in schema])
+    return bytes(plain.serialize().to_pybytes())
+
+
+def recorded_schema(publication: Publication | None) -> pa.Schema | None:
+    """The input's schema a publication's window was written with (None: not recorded)."""
+    if publication is None or publication.schema is None:
+        return None
+    return pa.ipc.read_schema(pa.py_buffer(publication.schema))
+
+
 def all_nullable(schema: pa.Schema) -> pa.Schema:
     """``schema`` with every column nullable at every depth (its metadata kept)."""
     return pa.schema([_nullable(f) for f in schema], metadata=schema.metadata)
@@ -147,19 +166,6 @@ def _nullable(field: pa.Field) -> pa.Field:
     elif pa.types.is_map(kind):
         kind = pa.map_(_nullable(kind.key_field).with_nullable(False), _nullable(kind.item_field))
     return field.with_type(kind).with_nullable(True)
-
-
-def schema_differences(wanted: list[tuple[str, str]], found: list[tuple[str, str]]) -> list[str]:
-    """What differs between two schemas given as (column, type) pairs, column by column."""
-    wanted_types, found_types = dict(wanted), dict(found)
-    differences = [
-        f"{name}: {found_types[name]} -> {kind}"
-        for name, kind in wanted
-        if name in found_types and found_types[name] != kind
-    ]
-    differences += [f"{name} is new" for name, _ in wanted if name not in found_types]
-    differences += [f"{name} is missing" for name, _ in found if name not in wanted_types]
-    return differences
 
 
 @dataclass(frozen=True)

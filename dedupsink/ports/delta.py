@@ -20,8 +20,9 @@ import pyarrow as pa
 from dedupsink import __version__
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
-from dedupsink.options import OUTPUT_FORMAT, PATH
-from dedupsink.ports.base import PortFormat, missing_extra, schema_differences, table_schema
+from dedupsink.options import PATH
+from dedupsink.ports.base import PortFormat, missing_extra, recorded_schema, table_schema
+from dedupsink.ports.evolution import DELTA_WIDENING, check_evolution
 from dedupsink.ports.output import FileStats, Layout, staging_batch
 from dedupsink.ports.stats import StatsColumns
 from dedupsink.runtime import RUNTIME
@@ -51,6 +52,10 @@ _APPEND_WRITER_FEATURES = frozenset({"appendOnly", "timestampNtz"})
 _tables: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = RUNTIME.cache(
     "ports.delta_tables", dict
 )
+# (table URI, recorded schema) pairs whose table is known to declare every column of that
+# schema: a table's columns are only ever added to, so a port without rows in a window is not
+# read again to learn that its table already has the window's columns.
+_covered: set[tuple[str, bytes]] = RUNTIME.cache("ports.delta_covered", set)
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class OwnCommit:
     table_version: int
     store_id: str
     version: int  # the store version it published
+    metadata: dict[str, Any] | None = None  # the table's metaData after it (None: not known)
 
 
 class DeltaPorts(PortFormat):
@@ -135,16 +141,22 @@ class DeltaPorts(PortFormat):
             raise PortTableError(f"cannot read the Delta table {uri}: {exc}") from exc
 
     def _check_schema(self, deltalake: Any, table: Any, port: str, schema: pa.Schema) -> None:
+        """An input whose columns differ is refused, or with ``mergeSchema=true`` taken as
+        the window's commit will add its new columns (``evolution.check_evolution``)."""
         wanted = _shape(deltalake.Schema.from_arrow(table_schema(port, schema)))
         found = _shape(table.schema())
-        differences = schema_differences(wanted, found)
-        if differences:
-            raise DedupOptionError(
-                OUTPUT_FORMAT,
-                self.name,
-                f"an input whose columns match the Delta table {self.table_uri(port)} "
-                f"(differ: {'; '.join(differences)}); write to a new path for a new schema",
-            )
+        required = frozenset(
+            f["name"] for f in json.loads(table.schema().to_json())["fields"] if not f["nullable"]
+        )
+        check_evolution(
+            self.name,
+            f"the Delta table {self.table_uri(port)}",
+            wanted,
+            found,
+            required,
+            self.options.merge_schema,
+            DELTA_WIDENING,
+        )
 
     def file_stats(self) -> FileStats:
         """Each table's stats columns, by its ``delta.dataSkipping*`` properties (delta-rs's
@@ -171,7 +183,9 @@ class DeltaPorts(PortFormat):
         deltalake = _deltalake()
         for port in PORTS:
             files = publication.files_of(port)
-            if files:
+            # A port without rows still takes the window's new columns, in a commit of its own
+            # adding no file, so that every port table declares them from that window on.
+            if files or self._lacks_columns(deltalake, port, publication):
                 self._commit(deltalake, port, files, publication, store_id)
 
     def is_published(self, publication: Publication, store_id: str) -> bool:
@@ -181,7 +195,25 @@ class DeltaPorts(PortFormat):
                 table = self._table(deltalake, port)
                 if table is None or not self._committed(table, store_id, port, publication):
                     return False
+            elif self._lacks_columns(deltalake, port, publication):
+                return False
         return True
+
+    def _lacks_columns(self, deltalake: Any, port: str, publication: Publication) -> bool:
+        """Whether the port's table lacks a column of the window's recorded schema: known from
+        this process's last commit or read of it, else read."""
+        if publication.schema is None:
+            return False
+        uri = self.table_uri(port)
+        if (uri, publication.schema) in _covered:
+            return False
+        table = self._table(deltalake, port)
+        if table is None:
+            return False  # created at the next start, with the input's columns
+        if _merged_metadata(_metadata_of(table), publication, port) is not None:
+            return True
+        _covered.add((uri, publication.schema))
+        return False
 
     def _committed(self, table: Any, store_id: str, port: str, publication: Publication) -> bool:
         version = table.transaction_version(self.app_id(store_id, port))
@@ -200,7 +232,10 @@ class DeltaPorts(PortFormat):
         if own is not None and own.store_id == store_id:
             if own.version >= publication.version:
                 return  # published by this process: windows are published in order
-            if self._append(port, own.table_version + 1, files, publication, store_id):
+            known = own.metadata
+            if (known is not None or publication.schema is None) and self._append(
+                port, own.table_version + 1, files, publication, store_id, known
+            ):
                 return
         _own_commits.pop(uri, None)  # another writer committed: read the table again
         for _ in range(_COMMIT_ROUNDS):
@@ -212,7 +247,8 @@ class DeltaPorts(PortFormat):
             self._check_protocol(table, port)
             # The conditional create of the entry after the one read, as delta-rs commits
             # without retrying: a loser reads the table again.
-            if self._append(port, table.version() + 1, files, publication, store_id):
+            metadata = _metadata_of(table)
+            if self._append(port, table.version() + 1, files, publication, store_id, metadata):
                 return
         raise PortTableError(
             f"the Delta table {self.table_uri(port)} kept changing under the commit of window "
@@ -235,16 +271,33 @@ class DeltaPorts(PortFormat):
         )
 
     def _append(
-        self, port: str, version: int, files: list[Move], publication: Publication, store_id: str
+        self,
+        port: str,
+        version: int,
+        files: list[Move],
+        publication: Publication,
+        store_id: str,
+        metadata: dict[str, Any] | None,
     ) -> bool:
-        """Write the window's commit as log entry ``version`` if it does not exist yet."""
+        """Write the window's commit as log entry ``version`` if it does not exist yet; on a
+        table whose metaData is ``metadata``, with a new one where the window's recorded schema
+        has columns the table lacks (the same entry: a reader sees the columns and the rows
+        together)."""
         path = self.output.path(f"{port}/_delta_log/{version:020d}.json")
-        entry = commit_entry(self.app_id(store_id, port), port, files, publication, store_id)
+        uri = self.table_uri(port)
+        merged = None
+        if metadata is not None and (uri, publication.schema) not in _covered:
+            merged = _merged_metadata(metadata, publication, port)
+        app_id = self.app_id(store_id, port)
+        entry = commit_entry(app_id, port, files, publication, store_id, merged)
         try:
             self.output.storage.create(path, entry)
         except FileExistsError:
             return False
-        _own_commits[self.table_uri(port)] = OwnCommit(version, store_id, publication.version)
+        after = merged or metadata
+        _own_commits[uri] = OwnCommit(version, store_id, publication.version, after)
+        if publication.schema is not None and after is not None:
+            _covered.add((uri, publication.schema))
         if (version + 1) % CHECKPOINT_INTERVAL == 0:
             self._checkpoint(port)
         return True
@@ -277,16 +330,26 @@ class DeltaPorts(PortFormat):
 
 
 def commit_entry(
-    app_id: str, port: str, files: list[Move], publication: Publication, store_id: str
+    app_id: str,
+    port: str,
+    files: list[Move],
+    publication: Publication,
+    store_id: str,
+    metadata: dict[str, Any] | None = None,
 ) -> bytes:
     """A Delta log entry adding ``files`` to ``port``'s table with the window's application
     transaction: the actions of a blind append as Spark's Delta writer makes one (one JSON
-    object a line)."""
+    object a line), and, where the window adds columns, the table's new ``metaData`` (as
+    Spark's writer does with ``mergeSchema``)."""
     at = publication.modified_ms
+    info = commit_info(files, publication, store_id)
     actions: list[dict[str, Any]] = [
-        {"commitInfo": commit_info(files, publication, store_id)},
+        {"commitInfo": info},
         {"txn": {"appId": app_id, "version": publication.version, "lastUpdated": at}},
     ]
+    if metadata is not None:
+        info["isBlindAppend"] = False  # it reads and changes the table's schema
+        actions.append({"metaData": metadata})
     for move in files:
         add = {
             "path": quote(move.target[len(port) + 1 :]),
@@ -326,6 +389,40 @@ def commit_info(files: list[Move], publication: Publication, store_id: str) -> d
     return info
 
 
+def _metadata_of(table: Any) -> dict[str, Any]:
+    """A table's current metaData action, as its log holds it."""
+    meta = table.metadata()
+    return {
+        "id": meta.id,
+        "name": meta.name,
+        "description": meta.description,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": table.schema().to_json(),
+        "partitionColumns": list(meta.partition_columns),
+        "configuration": dict(meta.configuration),
+        "createdTime": meta.created_time,
+    }
+
+
+def _merged_metadata(
+    metadata: dict[str, Any], publication: Publication, port: str
+) -> dict[str, Any] | None:
+    """``metadata`` with the columns of the window's recorded schema its table lacks added at
+    the end, nullable; None if it has them all (or the window recorded no schema). Types are
+    not changed: a Delta table widens none (``evolution.DELTA_WIDENING``, checked at start)."""
+    window = recorded_schema(publication)
+    if window is None:
+        return None
+    schema = json.loads(metadata["schemaString"])
+    have = {field["name"] for field in schema["fields"]}
+    wanted = json.loads(_deltalake().Schema.from_arrow(table_schema(port, window)).to_json())
+    new = [{**field, "nullable": True} for field in wanted["fields"] if field["name"] not in have]
+    if not new:
+        return None
+    schema["fields"] = schema["fields"] + new
+    return {**metadata, "schemaString": json.dumps(schema, separators=(",", ":"))}
+
+
 def _deltalake() -> Any:
     try:
         import deltalake
@@ -339,9 +436,12 @@ def _shape(schema: Any) -> list[tuple[str, str]]:
     """A Delta schema as (column, type) pairs, nullability aside (Spark marks the same column
     nullable in one query and not in another)."""
     fields = json.loads(schema.to_json())["fields"]
-    return [
-        (f["name"], json.dumps(_without_nullability(f["type"]), sort_keys=True)) for f in fields
-    ]
+    return [(f["name"], _type_text(_without_nullability(f["type"]))) for f in fields]
+
+
+def _type_text(kind: Any) -> str:
+    """A Delta type as text: a primitive's name (``long``), a nested type's JSON."""
+    return kind if isinstance(kind, str) else json.dumps(kind, sort_keys=True)
 
 
 def _without_nullability(kind: Any) -> Any:

@@ -26,9 +26,10 @@ from dedupsink.ports.base import (
     CatalogInfo,
     PortFormat,
     missing_extra,
-    schema_differences,
+    recorded_schema,
     table_schema,
 )
+from dedupsink.ports.evolution import ICEBERG_WIDENING, check_evolution
 from dedupsink.ports.output import Layout
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import Move, Publication
@@ -72,6 +73,12 @@ _committed: dict[tuple[tuple[tuple[str, str], ...], tuple[str, str]], Any] = RUN
     "ports.iceberg_committed", dict
 )
 _COMMITTED_KEEP = 64
+# (table, recorded schema) pairs whose table is known to have every column of that schema at
+# least as wide: a table's columns are only ever added and widened, so a port without rows in a
+# window is not read again to learn that it already has the window's columns.
+_covered: set[tuple[tuple[tuple[tuple[str, str], ...], tuple[str, str]], bytes]] = RUNTIME.cache(
+    "ports.iceberg_covered", set
+)
 
 
 class IcebergPorts(PortFormat):
@@ -228,14 +235,16 @@ class IcebergPorts(PortFormat):
             )
         wanted = _shape(self.catalog(), table_schema(port, schema))
         found = _shape(self.catalog(), table.schema().as_arrow())
-        differences = schema_differences(wanted, found)
-        if differences:
-            raise DedupOptionError(
-                OUTPUT_FORMAT,
-                self.name,
-                f"an input whose columns match the Iceberg table {name} "
-                f"(differ: {'; '.join(differences)}); write to a new path for a new schema",
-            )
+        required = frozenset(f.name for f in table.schema().fields if f.required)
+        check_evolution(
+            self.name,
+            f"the Iceberg table {name}",
+            wanted,
+            found,
+            required,
+            self.options.merge_schema,
+            ICEBERG_WIDENING,
+        )
 
     def has_windows(self) -> bool:
         for port in PORTS:
@@ -251,6 +260,10 @@ class IcebergPorts(PortFormat):
             files = publication.files_of(port)
             if files:
                 self._commit(port, files, publication, store_id)
+            elif self._lacks_columns(port, publication):
+                # A port without rows still takes the window's new columns (a schema change
+                # alone, which a redo finds made), so every port table declares them.
+                self._evolve(port, publication)
 
     def is_published(self, publication: Publication, store_id: str) -> bool:
         for port in PORTS:
@@ -258,7 +271,61 @@ class IcebergPorts(PortFormat):
                 table = self._table(port)
                 if table is None or published_version(table, store_id) < publication.version:
                     return False
+            elif self._lacks_columns(port, publication):
+                return False
         return True
+
+    def _key(self, port: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, str]]:
+        return (tuple(sorted(self.catalog_properties().items())), self.identifier(port))
+
+    def _lacks_columns(self, port: str, publication: Publication) -> bool:
+        """Whether the port's table lacks a column of the window's recorded schema, or has one
+        narrower: known from an earlier look in this process, else read."""
+        if publication.schema is None or (self._key(port), publication.schema) in _covered:
+            return False
+        table = self._table(port)
+        if table is None:
+            return False  # created with the input's columns
+        if self._evolves(table, publication, port) is not None:
+            return True
+        _covered.add((self._key(port), publication.schema))
+        return False
+
+    def _evolves(self, table: Any, publication: Publication, port: str) -> pa.Schema | None:
+        """The port's schema of the window's recorded one, if the table lacks a column of it or
+        has one narrower (``union_by_name`` then changes the table); else None."""
+        window = recorded_schema(publication)
+        if window is None:
+            return None
+        wanted = table_schema(port, window)
+        have = dict(_shape(self.catalog(), table.schema().as_arrow()))
+        for name, kind in _shape(self.catalog(), wanted):
+            old = have.get(name)
+            if old is None or (old != kind and ICEBERG_WIDENING.allows(old, kind)):
+                return wanted
+        return None
+
+    def _evolve(self, port: str, publication: Publication) -> None:
+        """Add the window's new columns to a port table the window sends no rows, alone."""
+        exceptions = _pyiceberg().exceptions
+        for _ in range(_COMMIT_ROUNDS):
+            table = self._table(port)
+            wanted = None if table is None else self._evolves(table, publication, port)
+            if wanted is None:
+                break
+            try:
+                with _transaction(_without_retries(table)) as transaction:
+                    transaction.update_schema().union_by_name(wanted).commit()
+            except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException):
+                continue  # the table changed, or the change may have landed: read it again
+            _committed.pop(self._key(port), None)
+            break
+        else:
+            raise PortTableError(
+                f"the Iceberg table {self.table_name(port)} kept changing under the schema change "
+                f"of window {publication.version} ({_COMMIT_ROUNDS} rounds)"
+            )
+        _covered.add((self._key(port), publication.schema or b""))
 
     def _commit(
         self, port: str, files: list[Move], publication: Publication, store_id: str
@@ -266,7 +333,8 @@ class IcebergPorts(PortFormat):
         exceptions = _pyiceberg().exceptions
         paths = [self._url(self.output.path(move.target)) for move in files]
         summary = {STORE_PROPERTY: store_id, VERSION_PROPERTY: str(publication.version)}
-        key = (tuple(sorted(self.catalog_properties().items())), self.identifier(port))
+        key = self._key(port)
+        covered = publication.schema is None or (key, publication.schema) in _covered
         for _ in range(_COMMIT_ROUNDS):
             table = _committed.pop(key, None)
             if table is None:
@@ -276,14 +344,21 @@ class IcebergPorts(PortFormat):
             if published_version(table, store_id) >= publication.version:
                 return
             handle = _without_retries(table)
+            # The window's new columns in the snapshot's own commit: a reader sees them with
+            # the rows, or neither.
+            wanted = None if covered else self._evolves(handle, publication, port)
             try:
                 with _transaction(handle) as transaction:
+                    if wanted is not None:
+                        transaction.update_schema().union_by_name(wanted).commit()
                     transaction.add_files(
                         paths, snapshot_properties=summary, check_duplicate_files=False
                     )
             except (exceptions.CommitFailedException, exceptions.CommitStateUnknownException):
                 continue  # the table changed, or the commit may have landed: read it again
             _committed[key] = handle  # its metadata is now the commit's
+            if publication.schema is not None:
+                _covered.add((key, publication.schema))
             while len(_committed) > _COMMITTED_KEEP:
                 del _committed[next(iter(_committed))]
             if publication.version % EXPIRE_EVERY == 0:

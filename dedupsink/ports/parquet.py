@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
-from dedupsink.ports.base import PortFormat
+from dedupsink.ports.base import PortFormat, schema_record
+from dedupsink.ports.evolution import PARQUET_WIDENING, arrow_shape, check_evolution
 from dedupsink.ports.output import PortFile
 from dedupsink.ports.sparklog import PortLog, is_compaction
 from dedupsink.store.format import PortState
@@ -34,7 +35,22 @@ class ParquetPorts(PortFormat):
     schema_files = True
 
     def check_tables(self, schema: pa.Schema) -> None:
-        """Nothing to check: a Parquet port takes any schema (each file carries its own)."""
+        """Nothing to check: no table; the store's recorded schema is (``check_recorded``)."""
+
+    def check_recorded(self, schema: pa.Schema, recorded: pa.Schema) -> None:
+        """An input whose columns differ from the latest window's is refused without
+        ``mergeSchema=true`` (a Spark reader not merging schemas would show one file's columns
+        only); with it, the files simply carry the new columns, and types never change (Spark's
+        reader merging the files' schemas refuses one column of two types)."""
+        check_evolution(
+            self.name,
+            f"the Parquet ports under {self.options.path} (their latest window's)",
+            arrow_shape(pa.ipc.read_schema(pa.py_buffer(schema_record(schema)))),
+            arrow_shape(recorded),
+            frozenset(),
+            self.options.merge_schema,
+            PARQUET_WIDENING,
+        )
 
     def create_tables(self, schema: pa.Schema) -> None:
         """Nothing to create: a port's folder appears with its first file."""

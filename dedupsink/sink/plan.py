@@ -19,7 +19,7 @@ from fsspec.implementations.local import make_path_posix
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
-from dedupsink.ports.base import PortFormat
+from dedupsink.ports.base import PortFormat, recorded_schema
 from dedupsink.ports.formats import port_format
 from dedupsink.ports.output import FileStats, Output
 from dedupsink.runtime import RUNTIME
@@ -148,6 +148,9 @@ def prepare_store_and_ports(plan: SinkPlan, once: bool = False) -> None:
     if existing is not None:
         check_settings(existing.settings, plan.settings, store.url)
     ports.check_tables(plan.schema)
+    recorded = None if existing is None else recorded_schema(existing.publication)
+    if recorded is not None:
+        ports.check_recorded(plan.schema, recorded)
     if (existing is None or not existing.ports) and ports.has_windows():
         # A store that never published next to ports that hold windows (storePath changed,
         # or the store deleted): its window numbers would overwrite those ports' files.

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from dedupsink.engine.classify import PORTS, NewKeys, stamp_dtype
 from dedupsink.engine.placement import bucket_of
+from dedupsink.ports.base import schema_record
 from dedupsink.ports.encoding import port_schema
 from dedupsink.ports.output import Output, PortFile
 from dedupsink.sink.plan import SinkPlan
@@ -128,7 +129,20 @@ class WindowCommit:
             if entry is not None:
                 entries.append(entry)
         folder = self.tasks[0].folder
-        return Publication(version, folder, self.now_ms, tuple(moves), tuple(entries)), ports
+        schema, schema_version = self._schema()
+        publication = Publication(
+            version, folder, self.now_ms, tuple(moves), tuple(entries), schema, schema_version
+        )
+        return publication, ports
+
+    def _schema(self) -> tuple[bytes, int]:
+        """The window's input schema as recorded, and the store's schema version: the base's,
+        one more if the base's window recorded another schema (0 where none is recorded)."""
+        schema = schema_record(self.plan.schema)
+        previous = self.base.publication
+        if previous is None or previous.schema is None:
+            return schema, 0
+        return schema, previous.schema_version + (previous.schema != schema)
 
 
 def _copy(state: PortState) -> PortState:

@@ -96,6 +96,10 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     # out), and the seconds lost to them; null in rows recorded before they were counted.
     ("store_retries", pa.int64()),
     ("store_wait_seconds", pa.float64()),
+    # The store's schema version the window was written with (records.Publication): 0 for the
+    # first schema recorded, one more each time the input's columns changed; null in rows
+    # recorded before it was.
+    ("schema_version", pa.int64()),
 )
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind in COLUMNS])
 Row = dict[str, Any]
@@ -135,7 +139,15 @@ def row_of(manifest: Manifest) -> Row | None:
         "error_reasons": [{"reason": reason, "rows": rows} for reason, rows in last.error_reasons],
         "store_retries": last.store_waits.retries,
         "store_wait_seconds": round(last.store_waits.seconds, 3),
+        **_schema_column(manifest),
     }
+
+
+def _schema_column(manifest: Manifest) -> Row:
+    publication = manifest.publication
+    if publication is None or publication.schema is None:
+        return {}
+    return {"schema_version": publication.schema_version}
 
 
 def _state_columns(state: StateUse) -> Row:

@@ -226,6 +226,13 @@ class Publication:
     modified_ms: int
     moves: tuple[Move, ...]
     entries: tuple[LogEntry, ...]
+    # The input's schema the window was written with (an Arrow IPC schema, every column
+    # nullable, no metadata), which a table publisher merges into its table in the window's own
+    # commit; and the store's schema version: 0 for the first schema the store recorded, one
+    # more each time a window's differs from the window's before it. None and 0 in records
+    # written before the schema was recorded (the keys are then absent, the bytes as before).
+    schema: bytes | None = None
+    schema_version: int = 0
 
     def size_of(self, target: str) -> int | None:
         for move in self.moves:
@@ -241,13 +248,16 @@ class Publication:
         return [move for move in self.moves if move.port == port]
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "window": self.version,
             "folder": self.folder,
             "modified_ms": self.modified_ms,
             "moves": [move.to_wire() for move in self.moves],
             "logs": {entry.port: entry.to_wire() for entry in self.entries},
         }
+        if self.schema is not None:  # absent in older records, which re-encode identically
+            wire["schema"], wire["schema_version"] = self.schema, self.schema_version
+        return wire
 
     @classmethod
     def from_wire(cls, value: Any) -> Publication | None:
@@ -259,6 +269,8 @@ class Publication:
             int(value["modified_ms"]),
             tuple(Move.from_wire(move) for move in value["moves"]),
             tuple(LogEntry.from_wire(port, entry) for port, entry in value["logs"].items()),
+            value.get("schema"),
+            int(value.get("schema_version", 0)),
         )
 
 
