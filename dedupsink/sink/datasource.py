@@ -287,6 +287,7 @@ _HISTORY_COLUMNS: tuple[tuple[str, Callable[[], DataType]], ...] = (
     ),
     ("store_retries", LongType),
     ("store_wait_seconds", DoubleType),
+    ("schema_version", LongType),
 )
 
 
