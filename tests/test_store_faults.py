@@ -45,8 +45,9 @@ from pyspark.errors import StreamingQueryException
 from servers import Azurite, Remote, S3Server
 from streams import PORT_NAMES, files_under, port_rows, read_port, reference_outputs, start_stream
 
-from dedupsink.errors import StoreUnavailableError
+from dedupsink.errors import DedupOptionError, StoreUnavailableError
 from dedupsink.sink.local import LocalSink
+from dedupsink.sink.plan import plan_for
 from dedupsink.store.history import load_history
 
 REPO = Path(__file__).resolve().parent.parent
@@ -330,3 +331,35 @@ def test_windows_on_azure_through_server_busy_and_resets_equal_the_reference(
     assert struck["slowdown"] > 0 and struck["reset"] + struck["truncate"] > 0, struck
     assert_as_the_reference(direct, inputs)
     assert sum(store_retries(direct)) > 0
+
+
+def test_an_iceberg_glue_catalog_that_never_answers_fails_the_start_within_seconds(
+    place: tuple[Remote, Remote], proxy: FaultProxy
+) -> None:
+    """pyiceberg's Glue client has no deadline of its own (botocore's 60 s, ten attempts):
+    the start gives the catalog ``storageConnectTimeout`` and names where it is."""
+    _, direct = place
+    proxy.set(silent=True)
+    options = {
+        "path": direct.url,
+        **direct.sink_options,
+        "keys": "id",
+        "outputFormat": "iceberg",
+        "iceberg.catalog.type": "glue",
+        "iceberg.catalog.glue.endpoint": proxy.endpoint_url,
+        "iceberg.catalog.glue.region": "us-east-1",
+        "iceberg.catalog.glue.access-key-id": "test-key",
+        "iceberg.catalog.glue.secret-access-key": "test-secret",
+    }
+    started = time.monotonic()
+    with pytest.raises(DedupOptionError) as caught:
+        plan_for(options, ROW_SCHEMA, "run-1")
+    took = time.monotonic() - started
+    message = str(caught.value)
+    assert message.startswith(
+        f"option iceberg.catalog.glue.endpoint='{proxy.endpoint_url}' is invalid: expected a "
+        "catalog that can be reached (no reply within 5 s (storageConnectTimeout))"
+    ), message
+    assert "test-secret" not in message
+    assert took < 10, took
+    assert files_under(direct) == {}

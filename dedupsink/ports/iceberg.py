@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -148,6 +149,8 @@ class IcebergPorts(PortFormat):
         uri = properties.get("uri", "")
         if uri.startswith("sqlite:///"):
             os.makedirs(os.path.dirname(uri[len("sqlite:///") :]) or ".", exist_ok=True)
+        if properties.get("type") == "glue":
+            properties = _bounded_glue(properties, self.output.storage.bounds)
         try:
             return pyiceberg.catalog.load_catalog(name, **properties)
         except Exception as exc:  # pyiceberg raises its own, SQLAlchemy's and the OS's errors
@@ -177,18 +180,30 @@ class IcebergPorts(PortFormat):
             _require_pyiceberg()
             return
         catalog = self.catalog()
+        seconds = self.output.storage.bounds.start
         try:
-            catalog.list_namespaces()
+            within(seconds, catalog.list_namespaces)
         except Exception as exc:  # an unreachable catalog: whatever its client raises
-            raise DedupOptionError(
-                ICEBERG_CATALOG_PREFIX + "uri",
-                self.options.mask(without_password(str(self.catalog_properties().get("uri")))),
-                f"a catalog that can be reached ({type(exc).__name__}: {exc})",
-            ) from exc
+            option, value = self._catalog_address()
+            why = (
+                f"no reply within {seconds:g} s (storageConnectTimeout)"
+                if isinstance(exc, TimeoutError)
+                else f"{type(exc).__name__}: {exc}"
+            )
+            raise DedupOptionError(option, value, f"a catalog that can be reached ({why})") from exc
         for port in PORTS:
             table = self._table(port)
             if table is not None:
                 self._check_table(table, port, schema)
+
+    def _catalog_address(self) -> tuple[str, str]:
+        """The option that says where the catalog is, and its value (a password masked)."""
+        properties = self.catalog_properties()
+        for name in ("uri", "glue.endpoint"):
+            if properties.get(name):
+                shown = self.options.mask(without_password(str(properties[name])))
+                return ICEBERG_CATALOG_PREFIX + name, shown
+        return ICEBERG_CATALOG_PREFIX + "type", str(properties.get("type"))
 
     def create_tables(self, schema: pa.Schema) -> None:
         if not self._catalog_missing():
@@ -528,6 +543,45 @@ def _file_io_properties(
         # seconds asking AWS for the bucket's.
         properties.setdefault("s3.region", "us-east-1")
     return properties
+
+
+def _bounded_glue(properties: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
+    """A Glue catalog's properties with the storage's bounds on its client: pyiceberg makes it
+    with ten attempts and botocore's 60 s timeouts, minutes for one silent request. A botocore
+    session of ours carries the timeouts (its default client config, which the catalog's own
+    config, retries only, is merged into); three attempts unless the user sets them."""
+    from botocore.config import Config
+    from botocore.session import Session
+
+    if "botocore_session" in properties:
+        return properties
+    session = Session()
+    session.set_default_client_config(
+        Config(connect_timeout=bounds.connect_timeout, read_timeout=bounds.read_timeout)
+    )
+    return {"glue.max-retries": 3, **properties, "botocore_session": session}
+
+
+def within(seconds: float, call: Callable[[], object]) -> None:
+    """``call()`` in a thread of its own, given up after ``seconds`` (``TimeoutError``): a
+    client with no deadline of its own (boto3's, SQLAlchemy's) cannot hold a query's start.
+    The thread is a daemon: a call stuck past its own timeouts never keeps the process."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="dedup-catalog-probe", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        raise TimeoutError(f"no reply within {seconds:g} s")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _require_pyiceberg() -> None:
