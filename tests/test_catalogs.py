@@ -218,6 +218,31 @@ def test_the_catalog_is_shown_with_secrets_masked_and_its_load_call_opens_the_ta
         assert table.scan().to_arrow().equals(tables.read(port)), port
 
 
+def test_inspect_told_the_catalog_shows_it_and_the_tables(
+    tables: CatalogTables, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``dedupsink inspect --catalog PROPERTY=VALUE``, as the sink's ``iceberg.catalog.*``
+    options: the catalog with its secrets masked, and each port table in it."""
+    from dedupsink.cli.main import main
+
+    windows = ordered_windows()[:2]
+    options = tables.sink_options()
+    sink = LocalSink({**options, **ORDERED}, windows[0].schema)
+    for batch_id, window in enumerate(windows):
+        sink.window(batch_id, window, partitions=2)
+    arguments = ["inspect", "--json", options["path"]]
+    for name, value in options.items():
+        for prefix, flag in (("fs.", "--fs"), ("iceberg.catalog.", "--catalog")):
+            if name.startswith(prefix):
+                arguments += [flag, f"{name[len(prefix) :]}={value}"]
+    assert main(arguments) == 0
+    printed = capsys.readouterr().out
+    assert not [secret for secret in SECRETS if secret in printed], printed
+    shown = json.loads(printed)
+    assert shown["catalog"]["type"] == tables.properties["type"]
+    assert shown["catalog"]["tables"]["unique"] == ".".join(tables.identifier("unique"))
+
+
 def test_an_unreachable_postgres_catalog_is_refused_at_once_with_its_password_masked(
     tmp_path: Path,
 ) -> None:

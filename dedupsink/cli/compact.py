@@ -13,6 +13,7 @@ import argparse
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError
 from dedupsink.inspection import Location
+from dedupsink.inspection.location import TableNames
 from dedupsink.options import (
     ICEBERG_CATALOG_PREFIX,
     OUTPUT_FORMAT_DEFAULT,
@@ -42,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=PORTS,
         help="compact only this port (repeatable; default: all four)",
     )
+    add_catalog_arguments(parser)
+
+
+def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where an output's Iceberg tables are named: ``--catalog``, ``--namespace``, ``--table``
+    (``compact`` and ``inspect``)."""
     parser.add_argument(
         "--catalog",
         dest="catalog",
@@ -53,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--namespace", help="Iceberg: the sink's iceberg.namespace")
     parser.add_argument("--table", help="Iceberg: the sink's iceberg.table")
+
+
+def tables_of(args: argparse.Namespace) -> TableNames:
+    """The ``--catalog``, ``--namespace`` and ``--table`` arguments."""
+    return TableNames(catalog_properties(args.catalog), args.namespace, args.table)
 
 
 def compact(location: Location, args: argparse.Namespace) -> list[PortCompaction]:
@@ -75,7 +87,7 @@ def compact(location: Location, args: argparse.Namespace) -> list[PortCompaction
         store_path=location.store_url,
         output_format=recorded,
         storage_options=location.storage_options,
-        iceberg_catalog=_catalog(args.catalog),
+        iceberg_catalog=catalog_properties(args.catalog),
         iceberg_namespace=args.namespace,
         iceberg_table=args.table,
     )
@@ -84,7 +96,8 @@ def compact(location: Location, args: argparse.Namespace) -> list[PortCompaction
         return compact_ports(compactor_for(ports), target.nbytes, args.ports or PORTS)
 
 
-def _catalog(items: list[str]) -> dict[str, str]:
+def catalog_properties(items: list[str]) -> dict[str, str]:
+    """``--catalog PROPERTY=VALUE`` arguments as the sink's parsed catalog properties."""
     pairs = {}
     for item in items:
         name, separator, value = item.partition("=")

@@ -76,6 +76,7 @@ def _add_store_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     """The commands that read or mend a store, without Spark."""
     inspect = _store_command(commands, "inspect", "show a store and its ports (no Spark)")
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
+    compact.add_catalog_arguments(inspect)
     history = _store_command(
         commands, "history", "one line per committed window of a store, kept long (no Spark)"
     )
@@ -217,7 +218,8 @@ def describe(job: PreparedJob) -> list[str]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    inspection = inspect_store(locate(args.path, args.store, _storage_options(args)))
+    location = locate(args.path, args.store, _storage_options(args), compact.tables_of(args))
+    inspection = inspect_store(location)
     print(to_json(inspection) if args.json else render(inspection))
     return 0
 
