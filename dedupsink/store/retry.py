@@ -207,7 +207,9 @@ class Attempts:
             try:
                 if hard_deadline:
                     left = max(deadline - began, 0.05)
-                    return call(*args, timeout=min(left, self.bounds.attempt), **kwargs)
+                    # What is left of the budget, not a shorter bound: a large file's transfer
+                    # may take longer than one silent read, which the client's timeout cuts.
+                    return call(*args, timeout=left, **kwargs)
                 return call(*args, **kwargs)
             except Exception as exc:
                 if not is_transient(exc):

@@ -898,9 +898,15 @@ class GcsStorage(ObjectStorage):
     @classmethod
     def fs_options(cls, options: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
         # gcsfs retries inside each call (up to six times, pausing up to 32 s): the attempt's
-        # deadline cuts that short, and each request is bounded by its own timeout.
+        # deadline cuts that short. Each request connects and reads within the bounds (not a
+        # total, which would cut a large file's transfer).
+        from aiohttp import ClientTimeout
+
         given = super().fs_options(options, bounds)
-        given.setdefault("requests_timeout", bounds.read_timeout)
+        given.setdefault(
+            "requests_timeout",
+            ClientTimeout(sock_connect=bounds.connect_timeout, sock_read=bounds.read_timeout),
+        )
         return given
 
     def client_errors(self) -> tuple[type[BaseException], ...]:
