@@ -130,6 +130,25 @@ def test_a_hundred_windows_through_every_fault_equal_the_reference(
     )
 
 
+@pytest.mark.slow  # three minutes: CI runs it with `make test-slow`
+@pytest.mark.spark
+def test_a_spark_stream_of_a_hundred_windows_through_every_fault_equals_the_reference(
+    spark: Any, workdir: Path, place: tuple[Remote, Remote], proxy: FaultProxy
+) -> None:
+    """The same brownout under a real stream: Spark's Python workers (the tasks) and its commit
+    runner reach the store through the proxy; every fault is retried where it happens."""
+    through, direct = place
+    inputs = [ordered_batch(b) for b in range(100)]
+    write_inputs(workdir / "in", inputs)
+    proxy.set(**BROWNOUT)
+    start_stream(spark, workdir / "in", sink_options(through), workdir / "chk").awaitTermination()
+    proxy.clear()
+    struck = proxy.counts()
+    assert all(struck[kind] > 0 for kind in ("hold", "reset", "truncate", "slowdown")), struck
+    assert_as_the_reference(direct, inputs)
+    assert sum(store_retries(direct)) > 0
+
+
 # -- a store silent longer than the budget in the middle of a commit -----------------------------
 
 
