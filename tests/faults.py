@@ -436,11 +436,17 @@ class FaultyDeltaPorts(DeltaPorts):
 
 
 class FaultyIcebergPorts(IcebergPorts):
-    """Iceberg ports with a fault point on each side of each port's snapshot commit."""
+    """Iceberg ports with a fault point on each side of each port's snapshot commit, and of the
+    schema change alone of a port the window sends no rows (``mergeSchema``)."""
 
     def _commit(self, port: str, *args: Any) -> None:
         at_point(table_point(port))
         super()._commit(port, *args)
+        at_point(table_point(port, committed=True))
+
+    def _evolve(self, port: str, *args: Any) -> None:
+        at_point(table_point(port))
+        super()._evolve(port, *args)
         at_point(table_point(port, committed=True))
 
 

@@ -16,7 +16,9 @@ Two engines, chosen by ``engine`` in the config:
   ``DedupDataSource.streamWriter`` (exactly what Spark calls), then per input file one window:
   ``run_task`` per partition and the writer's ``commit``, and a checkpoint file written after
   the commit returns (standing in for Spark's commit log). A restart re-runs the window the
-  checkpoint does not record, as Spark re-runs a batch missing from its commit log.
+  checkpoint does not record, as Spark re-runs a batch missing from its commit log. With
+  ``schema_per_file``, each file whose columns differ from the one before starts the sink anew
+  with its schema (the schema tests' inputs gain a column).
 
 With ``table_hooks`` in the config (set by ``faults.DriverProcess``, through the environment so
 that Spark's Python workers see it too), Delta and Iceberg ports publish through the test
@@ -99,18 +101,29 @@ def run_direct(config: dict[str, Any]) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     tables = [pq.read_table(p) for p in sorted(Path(config["input"]).glob("*.parquet"))]
-    sink = InProcessSink(
-        config["output"],
-        config.get("options", {}),
-        tables[0].schema,
-        config.get("query_id", "direct-query"),
-    )
-    sink.start()
     checkpoint = Path(config["checkpoint"])
     done = json.loads(checkpoint.read_text())["done"] if checkpoint.exists() else -1
+    # With ``schema_per_file``, a file whose columns differ from the file's before it is read by
+    # a new start of the query with that file's schema (as a user restarts a stream whose input
+    # gained a column); the first start takes the schema of the first file still to run.
+    per_file = bool(config.get("schema_per_file"))
+
+    def started(schema: Any) -> InProcessSink:
+        sink = InProcessSink(
+            config["output"],
+            config.get("options", {}),
+            schema,
+            config.get("query_id", "direct-query"),
+        )
+        sink.start()
+        return sink
+
+    sink = started(tables[min(done + 1, len(tables) - 1) if per_file else 0].schema)
     for batch_id, table in enumerate(tables):
         if batch_id <= done:
             continue
+        if per_file and table.schema != sink.schema:
+            sink = started(table.schema)
         sink.window(
             batch_id, table, int(config.get("partitions", 1)), int(config.get("attempt", 0))
         )
