@@ -11,7 +11,8 @@ ports directly from the server. Each test asserts what a team whose store lives 
 * a store silent for longer than the budget in the middle of a commit fails the batch within
   the bound, in one line; the restarted query ends equal to the model;
 * a store silent at a query's start fails it before any output, within seconds;
-* every ``dedupsink`` command against a silent endpoint prints one line within 10 s;
+* every ``dedupsink`` command against a silent endpoint prints one line within 10 s (slow;
+  ``inspect`` alone in the regular suite);
 * the SIGKILL loop on S3 with faults on (slow: ``make test-slow``).
 """
 
@@ -224,6 +225,7 @@ def commands(path: str, config: Path) -> dict[str, list[str]]:
     }
 
 
+@pytest.mark.slow  # nine commands of 6 s each: CI runs it with `make test-slow`
 def test_every_command_against_a_silent_endpoint_says_so_in_one_line_within_10_s(
     tmp_path: Path, place: tuple[Remote, Remote], proxy: FaultProxy
 ) -> None:
@@ -260,6 +262,26 @@ def test_every_command_against_a_silent_endpoint_says_so_in_one_line_within_10_s
         assert "accepted the connection but sent no reply" in said[0], (name, said)
         assert through.storage_options["secret"] not in done.stderr
         assert took < 10, (name, took)
+
+
+def test_inspect_against_a_silent_endpoint_says_so_in_one_line_within_10_s(
+    place: tuple[Remote, Remote], proxy: FaultProxy
+) -> None:
+    """The first of the commands above, in the regular suite."""
+    through, _ = place
+    proxy.set(silent=True)
+    flags = [f for name, v in through.storage_options.items() for f in ("--fs", f"{name}={v}")]
+    started = time.monotonic()
+    done = subprocess.run(
+        [DEDUPSINK, "inspect", through.url, *flags], capture_output=True, text=True, timeout=60
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 2 and took < 10, (took, done.stderr)
+    assert done.stderr.strip() == (
+        f"dedupsink: error: option PATH='{through.url}' is invalid: expected an endpoint that "
+        f"answers: the S3 endpoint {proxy.endpoint_url} (fs.endpoint_url) accepted the "
+        "connection but sent no reply within 5 s (storageConnectTimeout)"
+    )
 
 
 # -- killed while the store browns out --------------------------------------------------------
@@ -332,6 +354,7 @@ def test_a_window_whose_store_stays_throttled_fails_within_the_budget(
     assert_as_the_reference(direct, inputs)
 
 
+@pytest.mark.slow  # Azurite's start and 12 windows: CI runs it with `make test-slow`
 def test_windows_on_azure_through_server_busy_and_resets_equal_the_reference(
     azure: Azurite,
 ) -> None:
