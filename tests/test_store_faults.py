@@ -405,3 +405,26 @@ def test_an_iceberg_glue_catalog_that_never_answers_fails_the_start_within_secon
     assert "test-secret" not in message
     assert took < 10, took
     assert files_under(direct) == {}
+
+
+def test_a_task_whose_window_file_upload_is_never_answered_fails_within_the_budget(
+    place: tuple[Remote, Remote], proxy: FaultProxy
+) -> None:
+    """A PUT held by a silent store: aiohttp waits for the interim ``100 Continue`` with no
+    timeout of its own, so the task's window file upload is cut by the attempt's deadline."""
+    through, direct = place
+    inputs = [ordered_batch(b) for b in range(2)]
+    sink = LocalSink(sink_options(through, storageTimeout="3 seconds"), ROW_SCHEMA)
+    sink.window(0, inputs[0], partitions=2)
+    proxy.set(
+        silent=True, match=lambda method, target: method == "PUT" and "/_store/data/" in target
+    )
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match=r"did not answer PUT \S+/_store/data/w"):
+        sink.window(1, inputs[1], partitions=2)
+    assert time.monotonic() - started < 10
+    proxy.clear()
+    restarted = LocalSink(sink_options(through), ROW_SCHEMA)
+    restarted.start()
+    restarted.window(1, inputs[1], partitions=2, attempt=1)
+    assert_as_the_reference(direct, inputs)

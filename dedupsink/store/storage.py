@@ -346,9 +346,15 @@ class Storage(ABC):
         if isinstance(data, bytes | bytearray):
             self._call(f"PUT {path}", self.fs.pipe_file, path, bytes(data))
             return
-        # The chunks are kept (not their bytes joined): a retry writes them again.
-        chunks = [data] if isinstance(data, memoryview) else list(data)
-        self._call(f"PUT {path}", self._write_chunks, path, chunks)
+        chunks: list[bytes | memoryview] = [data] if isinstance(data, memoryview) else list(data)
+        if self.remote:
+            # One request with a deadline: a file object's upload has none (aiohttp waits for
+            # an interim "100 Continue" with no timeout), and buffers a copy of the bytes anyway.
+            joined = b"".join(chunks)
+            self._call(f"PUT {path}", self.fs.pipe_file, path, joined)
+            return
+        # The chunks, not their bytes joined: a large fold is written without a second copy.
+        self._write_chunks(path, chunks)
 
     def _write_chunks(self, path: str, chunks: list[bytes | memoryview]) -> None:
         with self.fs.open(path, "wb") as handle:
