@@ -118,12 +118,12 @@ ICEBERG_WIDENING = Widening(
     accepted="Iceberg widens int -> long, float -> double, decimal(P, S) -> decimal(P', S) "
     "with P' > P",
 )
-# Delta changes a column's type only with its typeWidening table feature (reader and writer),
-# which delta-rs 1.6 neither reads nor writes: a widened table would be unreadable to it.
+# Delta changes a column's type only with its typeWidening table feature (reader and writer):
+# the sink does not write it, since every reader of the table would then need it.
 DELTA_WIDENING = Widening(
     allows=lambda old, new: False,
     accepted="a Delta table widens no column: that needs its typeWidening table feature, "
-    "which delta-rs does not read",
+    "which the sink does not write",
 )
 # Parquet folders have no table schema: Spark's reader merges the files' schemas on read
 # (mergeSchema), which fails on one column of two types.
