@@ -14,10 +14,12 @@ import dedupsink
 from dedupsink.runtime import RUNTIME, ProcessRuntime
 
 CACHES = {
+    "ports.delta_covered",
     "ports.delta_own_commits",
     "ports.delta_tables",
     "ports.iceberg_catalogs",
     "ports.iceberg_committed",
+    "ports.iceberg_covered",
     "ports.sparklog_checked_compactions",
     "sink.checked_plans",
     "sink.file_stats",
