@@ -19,7 +19,7 @@ For each catalog:
   tables (moto and trust authentication take the masked secrets);
 * the kill loop of ``test_reliability_tables.py``: the direct engine of
   ``reliability_driver.py`` SIGKILLed right after the store's commit point, between two ports'
-  snapshots and after the last one (the first and the last are slow), then restarted: every
+  snapshots and after the last one (all three slow), then restarted: every
   input row in exactly one table exactly once, the reference model, one snapshot per window
   with rows per port.
 
@@ -376,7 +376,7 @@ def kill_once_then_restart(job: CatalogJob, step: str) -> None:
     "step",
     [
         pytest.param("a-after-commit-point", marks=pytest.mark.slow),
-        "b-between-ports",
+        pytest.param("b-between-ports", marks=pytest.mark.slow),
         pytest.param("c-before-cleanup", marks=pytest.mark.slow),
     ],
 )

@@ -428,6 +428,7 @@ def test_a_second_query_with_the_wider_schema_evolves_the_ports_spark_reads(
     assert_spark_reads(spark, fmt, output, windows)
 
 
+@pytest.mark.slow  # the regular suite's budget: CI runs it with `make test-slow`
 @pytest.mark.spark
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_batch_write_with_merge_schema_adds_the_column_after_a_narrow_stream(
