@@ -149,14 +149,15 @@ def expected_runs(case: Case, runs: int) -> list[Counter[str]]:
 
 
 def latest_text(case: Case) -> str:
-    """The newest timestamp of the non-error rows, as ``inspect`` shows a tupleTime point."""
+    """The newest timestamp of the non-error rows, as ``inspect --json`` writes a tupleTime
+    point: ISO-8601 UTC."""
     stamps = [
         case.value(row)
         for rows in windows_of(ROOT / "data" / case.data)
         for row in rows
         if case.key(row) is not None and case.value(row) is not None
     ]
-    return datetime.fromtimestamp(max(stamps) / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(max(stamps) / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- running the CLI --------------------------------------------------------------------------
@@ -287,11 +288,11 @@ def test_run_matches_the_reference(
     assert {port: info["rows"] for port, info in report["ports"].items()} == expected
     assert report["owner"] is None
     last_line = [line for line in summary.stdout.splitlines() if BATCH_LINE.match(line)][-1]
-    assert f"(window {report['last_window']['window']}):" in last_line
+    assert f"(window {report['last_window']['version']}):" in last_line
     assert f"Inspect: dedupsink inspect {out}\n" in summary.stdout
     if case.mode == "categorical":  # points are shown by category name
-        assert report["latest"]["text"] == "6 ('Houston')"
-        assert report["expiry_point"]["text"] == "4 ('El Paso')"
+        assert report["latest_point"] == {"value": 6, "text": "Houston"}
+        assert report["expiry_point"] == {"value": 4, "text": "El Paso"}
 
 
 def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path: Path) -> None:
@@ -311,7 +312,7 @@ def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path
     assert report["windows"] == files
     assert report["owner"] is None
     assert report["remembered_keys"] > 0
-    assert report["latest"]["text"] == latest_text(case)
+    assert report["latest_point"]["text"] == latest_text(case)
 
     summary = run_job("system-logs", data, out)
     assert summary.this_run == second
@@ -338,7 +339,7 @@ def windows_are_numbered_alike(out: Path, printed: list[tuple[int, int]]) -> Non
     and the report show for it."""
     history = dedupsink.history(str(out)).to_pylist()
     assert [(row["batch_id"], row["version"]) for row in history] == printed
-    assert inspect_json(out)["last_window"]["window"] == printed[-1][1]
+    assert inspect_json(out)["last_window"]["version"] == printed[-1][1]
     # Serial 290 is a unique row of the first run's last batch: lookup names its window.
     found = dedupsink.lookup(str(out), {"serial": "290"})
     assert found.remembered and (found.batch_id, found.window) == printed[len(printed) // 2 - 1]

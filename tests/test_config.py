@@ -682,7 +682,8 @@ def test_inspect_json_numbers_the_last_window_as_run_does(
     assert "windows     3 committed; the last was window 4, batch 2" in capsys.readouterr().out
     assert main(["inspect", str(out), "--json"]) == 0
     last = json.loads(capsys.readouterr().out)["last_window"]
-    assert (last["window"], last["batch"]) == (4, 2) and "version" not in last
+    # As the history's line of it: the window's number is its version there.
+    assert (last["version"], last["batch_id"]) == (4, 2) and "window" not in last
 
 
 def test_run_warns_when_a_window_moves_the_latest_point_beyond_the_period(

@@ -160,7 +160,7 @@ def test_time_cli_json_and_text(time_store: Path, capsys: pytest.CaptureFixture[
     code, out, _ = cli([str(time_store), "id=101", "--json"], capsys)
     data = json.loads(out)
     assert code == 0 and data["remembered"] is True and data["window"] == 3
-    assert data["stamp_text"] == "2024-01-01 03:00:00 UTC"
+    assert data["stamp"] == {"value": 1704078000000000, "text": "2024-01-01T03:00:00Z"}
     code, out, _ = cli([str(time_store), "id=3", "--expiry", "2024-01-01T00:00:00"], capsys)
     assert code == 0 and "remembered  no: expired or forgotten" in out
 

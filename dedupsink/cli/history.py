@@ -1,33 +1,19 @@
 """``dedupsink history``: the store's history (``dedupsink.inspection.history``) as a table for
-people, or with ``--json`` as JSON lines, one object a window with the history's column names,
-``committed_at`` as ISO-8601 UTC (``...Z``), so a long history streams into ``jq`` or ``tail``
+people; with ``--json``, ``dedupsink.inspection.history.history_json_lines`` prints it as JSON
+lines, one ``history`` document a window, so a long history streams into ``jq`` or ``tail``
 without being held whole.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 import pyarrow as pa
 
 from dedupsink.cli.display import table
-from dedupsink.units import human_bytes, iso_utc
+from dedupsink.units import human_bytes
 
-__all__ = ["json_lines", "render"]
-
-
-def json_lines(rows: pa.Table) -> Iterator[str]:
-    for row in rows.to_pylist():
-        yield json.dumps({name: _json_value(value) for name, value in row.items()})
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return iso_utc(value)
-    return value
+__all__ = ["render"]
 
 
 def render(rows: pa.Table, store_url: str) -> str:

@@ -1,14 +1,15 @@
 """``dedupsink inspect``: an ``Inspection`` (``dedupsink.inspection.state``) as text for people,
-or as the JSON of its ``to_dict()`` for machines."""
+or as its ``inspect`` JSON document (``to_dict()``, ``dedupsink.inspection.jsonout``) for
+machines."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 from dedupsink.cli.display import table
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES, human_span
+from dedupsink.inspection.jsonout import dumps
 from dedupsink.inspection.state import (
     Inspection,
     LastWindow,
@@ -26,7 +27,7 @@ __all__ = ["placement_text", "render", "settings_text", "to_json"]
 
 
 def to_json(inspection: Inspection) -> str:
-    return json.dumps(inspection.to_dict(), indent=2, sort_keys=False, default=str)
+    return dumps(inspection.to_dict(), indent=2)
 
 
 def render(inspection: Inspection) -> str:

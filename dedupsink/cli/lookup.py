@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Sequence
 
 from dedupsink.errors import ConfigError
+from dedupsink.inspection.jsonout import dumps
 from dedupsink.inspection.lookup import LookupResult
 from dedupsink.units import utc_text
 
@@ -26,7 +26,7 @@ def parse_pairs(items: Sequence[str]) -> dict[str, str]:
 
 
 def to_json(result: LookupResult) -> str:
-    return json.dumps(result.to_dict())
+    return dumps(result.to_dict())
 
 
 def render(result: LookupResult) -> str:

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dedupsink import __version__
 from dedupsink.cli import compact
 from dedupsink.cli.config import SPARK_PREFIX, load_config
-from dedupsink.cli.history import json_lines
 from dedupsink.cli.history import render as render_history
 from dedupsink.cli.inspect import render, settings_text, to_json
 from dedupsink.cli.job import PreparedJob, checkpoint_for, prepare
@@ -29,6 +28,7 @@ from dedupsink.cli.run import run, spark_master
 from dedupsink.cli.sparkhome import compiled_spark_home, installed_spark_home
 from dedupsink.errors import ConfigError, DedupError, DedupOptionError
 from dedupsink.inspection import history, inspect_store, locate, lookup
+from dedupsink.inspection.history import history_json_lines
 from dedupsink.inspection.page import write_report
 from dedupsink.options import parse_storage_options
 from dedupsink.store.ownership import describe_owner, now_ms, release
@@ -228,7 +228,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     location = locate(args.path, args.store, _storage_options(args))
     rows = history(location, args.last)
     if args.json:
-        for line in json_lines(rows):
+        for line in history_json_lines(location, rows):
             print(line)
     else:
         print(render_history(rows, location.store_url))

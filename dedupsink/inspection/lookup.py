@@ -14,7 +14,7 @@ import datetime as dt
 import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,12 +28,12 @@ from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.placement import bucket_of, key_fingerprints
 from dedupsink.engine.settings import Settings, column
 from dedupsink.errors import ConfigError
+from dedupsink.inspection.jsonout import document, moment_text
 from dedupsink.inspection.location import Location
-from dedupsink.inspection.points import point_text
+from dedupsink.inspection.points import PointDomain, point_text
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest, Segment
 from dedupsink.store.history import read_history
-from dedupsink.units import iso_utc
 
 __all__ = ["LookupResult", "lookup"]
 
@@ -42,7 +42,10 @@ _TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:, tz=(.+))?\]")
 
 @dataclass(frozen=True)
 class LookupResult:
-    """The answer for one key; ``to_dict()`` is what ``--json`` prints."""
+    """The answer for one key; ``to_dict()`` is what ``--json`` prints: the ``lookup`` JSON
+    document (``jsonout``, ``schemas/lookup.schema.json``), each point and stamp as one object
+    ``{"value", "text"}`` with its time in ISO-8601 UTC, where the fields here keep the value
+    and the text for people apart."""
 
     store: str
     version: int | None  # the store's latest version, the one asked
@@ -70,9 +73,36 @@ class LookupResult:
     # would go to now, and why.
     sequence_id: int | None = None
     verdict: str | None = None
+    # The domain of the store's points, by which the JSON writes them.
+    domain: PointDomain | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        domain = self.domain or PointDomain(self.mode)
+        return document(
+            "lookup",
+            {
+                "store": self.store,
+                "version": self.version,
+                "key": dict(self.key),
+                "remembered": self.remembered,
+                "fingerprint": self.fingerprint,
+                "bucket": self.bucket,
+                "mode": self.mode,
+                "window": self.window,
+                "window_is_upper_bound": self.window_is_upper_bound,
+                "query_id": self.query_id,
+                "batch_id": self.batch_id,
+                "committed_at": self.committed_at,
+                "stamp": domain.to_json(self.stamp),
+                "latest_point": domain.to_json(self.latest_point),
+                "expiry_point": domain.to_json(self.expiry_point),
+                "forgotten_at_latest": domain.to_json(self.forgotten_at_latest),
+                "forgotten_when": self.forgotten_when,
+                "reason": self.reason,
+                "sequence_id": self.sequence_id,
+                "verdict": self.verdict,
+            },
+        )
 
 
 def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) -> LookupResult:
@@ -109,6 +139,7 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
         "latest_point_text": text(manifest.latest),
         "expiry_point": expiry_point,
         "expiry_point_text": text(expiry_point),
+        "domain": PointDomain.of(recorded, categories),
     }
     alive = [
         (file, stamp)
@@ -386,13 +417,15 @@ def _history_of(location: Location, manifest: Manifest, window: int) -> dict[str
     return {
         "query_id": row["query_id"],
         "batch_id": row["batch_id"],
-        "committed_at": iso_utc(committed),
+        "committed_at": moment_text(committed),
         "window_is_upper_bound": held > int(row["keys_added"] or 0),
     }
 
 
 def _value_text(array: pa.Array) -> str:
     value = array[0].as_py()
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return moment_text(value)  # as every time in the JSON: ISO-8601 UTC
     if isinstance(value, dt.datetime):
         return value.isoformat()
     return str(value)

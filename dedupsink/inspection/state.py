@@ -7,7 +7,7 @@ sequence dedup's producers are counted from every segment (one entry a producer)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -18,8 +18,9 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.sequence import highest_per_producer
 from dedupsink.engine.settings import TIME_BUCKET_MODES
+from dedupsink.inspection.jsonout import document, moment_text, window_record
 from dedupsink.inspection.location import Location
-from dedupsink.inspection.points import point_text
+from dedupsink.inspection.points import PointDomain, point_text
 from dedupsink.ports.base import CatalogInfo, PortFormat
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
@@ -27,7 +28,7 @@ from dedupsink.store.ownership import now_ms
 from dedupsink.store.records import Owner, StoreSettings, StoreTotals, WindowRecord
 from dedupsink.store.storage import join
 from dedupsink.store.store import BucketStore
-from dedupsink.units import iso_utc, utc_moment
+from dedupsink.units import utc_moment
 
 __all__ = [
     "DiskUse",
@@ -56,13 +57,11 @@ class DiskUse:
 
 @dataclass(frozen=True)
 class Point:
-    """A latest or expiry point: its value in the store's encoding, and as a person reads it."""
+    """A latest or expiry point: its value in the store's encoding, and as a person reads it
+    (the JSON writes it through ``StoreState.domain``)."""
 
     value: float | None
     text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "text": self.text}
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ class LastWindow:
         return self.record.version
 
     def to_dict(self) -> dict[str, Any]:
-        return self.record.to_wire()
+        return window_record(self.record)
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ class OwnerState:
             "query": self.query,
             "run": self.run,
             "since_version": self.since_version,
-            "heartbeat": iso_utc(self.heartbeat),
+            "heartbeat": moment_text(self.heartbeat),
             "age_seconds": self.age_seconds,
             "timeout_seconds": self.timeout_seconds,
             "lease_live": self.lease_live,
@@ -239,29 +238,37 @@ class StoreState:
     schema: SchemaState | None = None  # None: the store recorded none (older stores)
 
     def settings_dict(self) -> dict[str, Any]:
-        """The settings as recorded, but ``assume_same_expiry`` None in the modes it does not
-        apply to."""
-        shown = self.settings.to_wire()
+        """The settings as recorded, every one named (the placement too where the manifest
+        leaves it out), but ``assume_same_expiry`` None in the modes it does not apply to."""
+        shown = {f.name: getattr(self.settings, f.name) for f in fields(self.settings)}
+        shown["keys"], shown["key_types"] = list(self.settings.keys), list(self.settings.key_types)
         if self.settings.mode not in TIME_BUCKET_MODES:
             shown["assume_same_expiry"] = None
         return shown
 
+    @property
+    def domain(self) -> PointDomain:
+        """The domain of the store's points, as the JSON writes them."""
+        return PointDomain.of(self.settings, self.categories)
+
     def to_dict(self) -> dict[str, Any]:
+        totals = self.totals
         result: dict[str, Any] = {
             "store_id": self.store_id,
-            "format": self.format,
-            "committed": iso_utc(self.committed),
+            "store_format": self.format,
+            "committed_at": moment_text(self.committed),
             "settings": self.settings_dict(),
             "windows": self.windows,
             "last_window": None if self.last_window is None else self.last_window.to_dict(),
-            "latest": self.latest.to_dict(),
-            "expiry_point": self.expiry_point.to_dict(),
+            "latest_point": self.domain.to_json(self.latest.value),
+            "expiry_point": self.domain.to_json(self.expiry_point.value),
             "categories": list(self.categories),
             "remembered_keys": self.remembered_keys,
             "index": self.index.to_dict(),
             "owner": None if self.owner is None else self.owner.to_dict(),
             "fenced": [fence.to_dict() for fence in self.fenced],
-            "totals": self.totals.to_wire(),
+            "totals": {"windows": totals.windows, "remembered": totals.remembered}
+            | totals.counts.as_dict(),
             "publication_pending": self.publication_pending,
         }
         if self.producers is not None:
@@ -277,7 +284,9 @@ class StoreState:
 @dataclass(frozen=True)
 class Inspection:
     """What ``dedupsink inspect`` shows: the store, its output root, its latest version (None:
-    nothing committed yet, and ``state`` None), its window files on disk, and its state."""
+    nothing committed yet, and ``state`` None), its window files on disk, and its state;
+    ``to_dict()`` is the ``inspect`` JSON document (``jsonout``, its schema
+    ``schemas/inspect.schema.json``)."""
 
     store: str
     output: str | None
@@ -294,7 +303,7 @@ class Inspection:
         }
         if self.state is not None:
             result.update(self.state.to_dict())
-        return result
+        return document("inspect", result)
 
 
 def inspect_store(location: Location) -> Inspection:
