@@ -194,10 +194,23 @@ def _set(config: JobConfig, key: str, value: str, where: str, replace: bool) -> 
     canonical = canonical_key(key, where)
     if not value:
         raise ConfigError(canonical, f"{canonical} has no value", where)
+    if canonical.startswith(SOURCE_OPTION):
+        # Spark reads a source's options without case: two spellings would be one option.
+        spelt = _source_option_as_set(config, canonical)
+        if spelt is not None and replace:
+            del config.settings[spelt]
+        elif spelt is not None:
+            canonical = spelt
     if canonical in config.settings and not replace:
         first = config.settings[canonical].origin
         raise ConfigError(canonical, f"{canonical} is set twice (first at {first})", where)
     config.settings[canonical] = Setting(canonical, value, where)
+
+
+def _source_option_as_set(config: JobConfig, key: str) -> str | None:
+    """The key a source option is already set under, in whatever case; None if it is not."""
+    lowered = key.lower()
+    return next((name for name in config.settings if name.lower() == lowered), None)
 
 
 def apply_overrides(config: JobConfig, overrides: Iterable[str]) -> None:

@@ -36,6 +36,7 @@ from dedupsink.cli.config import (
     parse_trigger,
 )
 from dedupsink.cli.ddl import parse_schema
+from dedupsink.cli.source_options import check_source_options
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import ConfigError, DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
@@ -96,6 +97,7 @@ class PreparedJob:
 def prepare(config: JobConfig, check_source: bool = True) -> PreparedJob:
     """Check everything that can be checked without Spark; raises ConfigError."""
     source_format = check_source_format(config)
+    check_source_options(config, source_format)
     options = parse_options(config)
     trigger = parse_trigger(config.get(TRIGGER), config.where(TRIGGER))
     schema = source_schema(config, source_format)
