@@ -170,6 +170,7 @@ class Summary:
     locations: dict[str, str]
     batches: int
     stdout: str
+    stderr: str = ""
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -200,7 +201,7 @@ def run_job(name: str, data: Path, out: Path) -> Summary:
     assert result.returncode == 0, result.stderr[-3000:]
     # one line per batch: the commit's worker does not log the sink's own line as well
     assert "dedup window" not in result.stderr, result.stderr[-3000:]
-    summary = Summary({}, {}, {}, 0, result.stdout)
+    summary = Summary({}, {}, {}, 0, result.stdout, result.stderr)
     for line in result.stdout.splitlines():
         if BATCH_LINE.match(line):
             summary.batches += 1
@@ -324,6 +325,39 @@ def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path
     assert report["windows"] == 2 * files
     assert report["owner"] is None
     windows_are_numbered_alike(out, [*printed_windows(first_run), *printed_windows(summary)])
+    the_readme_shows_what_a_user_sees(first_run, summary, out)
+
+
+README_OUT = "/home/you/dedupsink/out/system-logs"
+
+
+def readme_samples() -> list[list[str]]:
+    """The blocks of the README's "A first look" that show ``make run``'s two runs."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## A first look", 1)[1]
+    blocks = re.findall(r"```\n(.*?)```", section, re.DOTALL)
+    return [as_the_readme_shows(block) for block in blocks[:2]]
+
+
+def as_the_readme_shows(text: str, out: Path | None = None) -> list[str]:
+    """Lines as the README writes them: the output under /home/you, the run's time and query
+    id (which differ each run) as placeholders, the command as ``make run`` calls it."""
+    if out is not None:
+        text = text.replace(str(out), README_OUT)
+    text = re.sub(r"in \d+\.\d s \(query [0-9a-f-]{36}\)", "in <seconds> (query <id>)", text)
+    return text.replace("Inspect: dedupsink ", "Inspect: .venv/bin/dedupsink ").splitlines()
+
+
+def the_readme_shows_what_a_user_sees(first: Summary, second: Summary, out: Path) -> None:
+    """The README's sample of ``make run``: make's echo of the command, then what the command
+    prints, Spark's start-up lines (stderr) after its first line; the second run's batches and
+    summary as printed."""
+    shown, again = readme_samples()
+    assert shown[:2] == ["$ make run", ".venv/bin/dedupsink run conf/system-logs.conf"]
+    assert first.stderr.splitlines()[:3] == shown[3:6]
+    assert as_the_readme_shows(first.stdout, out) == [shown[2], *shown[6:]]
+    printed = as_the_readme_shows(second.stdout, out)
+    start = printed.index(again[0])
+    assert printed[start : start + len(again)] == again
 
 
 def printed_windows(summary: Summary) -> list[tuple[int, int]]:

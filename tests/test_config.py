@@ -412,6 +412,24 @@ def test_inspect_a_path_without_a_store(tmp_path: Path, capsys: pytest.CaptureFi
     assert "no dedup store at" in one_error_line(capsys)
 
 
+def test_compact_help_says_what_it_works_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps its help to the terminal's width
+    with pytest.raises(SystemExit) as exited:
+        main(["compact", "--help"])
+    assert exited.value.code == 0
+    paragraphs = capsys.readouterr().out.split("\n\n")
+    assert paragraphs[1] == (
+        "Rewrite the small files of an output's port tables into fewer, larger ones: one table "
+        "commit a\nport that changes no data, safe while a query writes to the ports (no Spark). "
+        "It works on ports\nwritten as Delta or Iceberg tables (the sink's outputFormat=delta or "
+        "iceberg; an Iceberg output in\nanother catalog than its embedded one needs --catalog). "
+        "Parquet ports, the default, have no table\nlog to compact in and are refused. See the "
+        "README, 'Compacting the ports'."
+    )
+
+
 def test_module_entry_point() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "dedupsink", "--help"],

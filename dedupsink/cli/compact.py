@@ -26,6 +26,14 @@ from dedupsink.ports.formats import compactor_for, port_format
 from dedupsink.units import parse_size
 
 TARGET_SIZE_ARGUMENT = "--target-size"
+DESCRIPTION = (
+    "Rewrite the small files of an output's port tables into fewer, larger ones: one table "
+    "commit a port that changes no data, safe while a query writes to the ports (no Spark). It "
+    "works on ports written as Delta or Iceberg tables (the sink's outputFormat=delta or "
+    "iceberg; an Iceberg output in another catalog than its embedded one needs --catalog). "
+    "Parquet ports, the default, have no table log to compact in and are refused. See the "
+    "README, 'Compacting the ports'."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -115,15 +115,20 @@ def _add_store_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
         commands,
         "compact",
         "rewrite the small files of Delta or Iceberg ports into fewer, larger ones (no Spark)",
+        compact.DESCRIPTION,
     )
     compact.add_arguments(compaction)
 
 
 def _store_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str | None = None,
 ) -> argparse.ArgumentParser:
-    """A command about one store: its PATH, ``--store`` and the ``--fs`` storage options."""
-    parser = commands.add_parser(name, help=summary)
+    """A command about one store: its PATH, ``--store`` and the ``--fs`` storage options;
+    ``description`` heads its ``--help`` where the summary says too little."""
+    parser = commands.add_parser(name, help=summary, description=description)
     parser.add_argument("path", metavar="PATH", help="an output path or a store path")
     parser.add_argument("--store", metavar="URL", help="the store, when not at PATH/_store")
     _add_storage(parser)
