@@ -147,12 +147,6 @@ def utc_text(micros: float, zone: bool = True) -> str:
     return text + (" UTC" if zone else "")
 
 
-def iso_utc(moment: datetime) -> str:
-    """A moment as the JSON outputs write times: ISO-8601 in UTC, to the millisecond
-    (``2026-11-28T19:51:48.120Z``)."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def micros_since_epoch(moment: datetime) -> int:
     return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
