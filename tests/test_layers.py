@@ -21,7 +21,8 @@ NOT_FOR_THE_CLI = (
 
 
 def modules(folder: str) -> list[Path]:
-    return sorted((PACKAGE / folder).glob("*.py"))
+    """The modules of a layer, those of its subpackages (``store/storage/``) included."""
+    return sorted((PACKAGE / folder).rglob("*.py"))
 
 
 def imported(path: Path) -> set[str]:

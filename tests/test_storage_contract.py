@@ -1,4 +1,4 @@
-"""The contract of ``store/storage.py`` on every supported filesystem family, against real servers.
+"""The contract of ``store/storage/`` on every supported filesystem family, against real servers.
 
 Every test runs on the local disk, ``memory://``, S3 (moto's server), Azure Blob (Azurite) and
 Google Cloud Storage (fake-gcs-server). The heart of it: eight writers (processes; threads for
