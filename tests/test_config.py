@@ -49,8 +49,7 @@ from dedupsink.errors import ConfigError
 from dedupsink.options import DedupOptions
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.format import Manifest
-from dedupsink.store.ownership import now_ms
-from dedupsink.store.records import Owner
+from dedupsink.store.records import Owner, now_ms
 from dedupsink.store.store import BucketStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,7 +31,8 @@ from streams import (
 
 from dedupsink.errors import StoreOwnershipError
 from dedupsink.sink.local import LocalSink
-from dedupsink.store.ownership import Writer, claim, next_owner, now_ms, release, wait_ms
+from dedupsink.store.ownership import Writer, claim, next_owner, release, wait_ms
+from dedupsink.store.records import now_ms
 from dedupsink.store.store import BucketStore
 
 SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int64())])

@@ -49,7 +49,7 @@ from faults import (
 from streams import PORT_NAMES, port_rows, reference_outputs
 
 import dedupsink
-from dedupsink.store.ownership import now_ms
+from dedupsink.store.records import now_ms
 from dedupsink.store.store import BucketStore
 
 MAX_RUNS = 60

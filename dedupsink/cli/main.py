@@ -31,8 +31,8 @@ from dedupsink.inspection import history, inspect_store, locate, lookup
 from dedupsink.inspection.history import history_json_lines
 from dedupsink.inspection.page import write_report
 from dedupsink.options import parse_storage_options
-from dedupsink.store.ownership import describe_owner, now_ms, release
-from dedupsink.store.records import StoreSettings
+from dedupsink.store.ownership import describe_owner, release
+from dedupsink.store.records import StoreSettings, now_ms
 from dedupsink.store.storage import parent
 from dedupsink.units import human_bytes
 

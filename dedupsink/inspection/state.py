@@ -24,8 +24,7 @@ from dedupsink.inspection.points import PointDomain, point_text
 from dedupsink.ports.base import CatalogInfo, PortFormat
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
-from dedupsink.store.ownership import now_ms
-from dedupsink.store.records import Owner, StoreSettings, StoreTotals, WindowRecord
+from dedupsink.store.records import Owner, StoreSettings, StoreTotals, WindowRecord, now_ms
 from dedupsink.store.storage import join
 from dedupsink.store.store import BucketStore
 from dedupsink.units import utc_moment

@@ -37,7 +37,7 @@ from dedupsink.ports.delta import (
     _deltalake,
     _own_commits,
 )
-from dedupsink.store.ownership import now_ms
+from dedupsink.store.records import now_ms
 
 
 class DeltaCompactor(TableCompactor):

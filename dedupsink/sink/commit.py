@@ -49,8 +49,8 @@ from dedupsink.sink.window_updates import (
 )
 from dedupsink.store.format import Manifest
 from dedupsink.store.history import record_window
-from dedupsink.store.ownership import Writer, claim, describe_owner, now_ms
-from dedupsink.store.records import StateUse, WindowCounts
+from dedupsink.store.ownership import Writer, claim, describe_owner
+from dedupsink.store.records import StateUse, WindowCounts, now_ms
 from dedupsink.store.retry import WAITS, StoreWaits
 from dedupsink.store.store import GARBAGE_EVERY, BucketStore
 

@@ -11,24 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
-from dedupsink.errors import StoreOwnershipError
-from dedupsink.store.records import Fence, Owner
-
-if TYPE_CHECKING:
-    from dedupsink.store.format import Manifest
-    from dedupsink.store.store import BucketStore
+from dedupsink.errors import StoreError, StoreOwnershipError
+from dedupsink.store.format import Manifest
+from dedupsink.store.records import Fence, Owner, now_ms
+from dedupsink.store.store import BucketStore
 
 KEEP_FENCES = 32
 POLL_SECONDS = 0.5
 RELEASED_BY = "release"
 # A batch write commits as the query "batch-<run>": one window, then the store is released.
 BATCH_WRITE_PREFIX = "batch-"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True)
@@ -139,8 +132,6 @@ def release(store: BucketStore, query_id: str | None = None) -> Manifest | None:
 
     The owner's run is fenced: if it was in fact still running, it cannot commit again. A
     publication a crash left unfinished is carried over, for the next commit to finish."""
-    from dedupsink.errors import StoreError
-
     manifest = store.read()
     if manifest is None or manifest.owner is None:
         return manifest

@@ -9,6 +9,7 @@ publication).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -80,6 +81,11 @@ class StoreSettings:
 # Settings a store recorded before they existed lacks, read as their defaults then.
 _ADDED_LATER = ("assume_same_expiry", "key_hash", "key_shards")
 _PLACED_BY_FINGERPRINT = ("fingerprint", 1)
+
+
+def now_ms() -> int:
+    """The wall clock in milliseconds since the epoch, as the records keep their times."""
+    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,7 @@ from dedupsink.options import (
 from dedupsink.options import STORE_DIRNAME_DEFAULT as STORE_DIRNAME
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.format import Manifest, Segment
-from dedupsink.store.ownership import now_ms
-from dedupsink.store.records import StoreSettings
+from dedupsink.store.records import StoreSettings, now_ms
 from dedupsink.store.storage import Entry, Storage, StorageBounds
 
 LOG_DIR = "_log"
