@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dedupsink.errors import DedupError, DedupOptionError, StoreCorruptError, StoreOwnershipError
 from dedupsink.options import DedupOptions
+from dedupsink.version import __version__ as __version__
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -33,7 +34,6 @@ __all__ = [
     "release",
     "report",
 ]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "dedupsink"
 # Lowest first: a module may import its own layer and those before it, never one after.
 LAYERS = ("top", "engine", "store", "ports", "sink", "inspection", "cli")
-TOP_LEVEL = ("options", "errors", "units", "masking", "runtime")
+TOP_LEVEL = ("options", "errors", "units", "masking", "runtime", "version")
 # The questions' layer holds what the command line once did of its own.
 NOT_FOR_THE_CLI = (
     "dedupsink.store.cache",

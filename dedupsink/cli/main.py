@@ -15,7 +15,6 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from dedupsink import __version__
 from dedupsink.cli import compact
 from dedupsink.cli.config import SPARK_PREFIX, load_config
 from dedupsink.cli.history import render as render_history
@@ -35,6 +34,7 @@ from dedupsink.store.ownership import describe_owner, release
 from dedupsink.store.records import StoreSettings, now_ms
 from dedupsink.store.storage import parent
 from dedupsink.units import human_bytes
+from dedupsink.version import __version__
 
 log = logging.getLogger("dedupsink.cli")
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from dedupsink import __version__
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import ConfigError
 from dedupsink.inspection.location import Location
 from dedupsink.inspection.report import Column, ReportData, ReportSummary, report_data
 from dedupsink.units import human_bytes, number_text, utc_text
+from dedupsink.version import __version__
 
 __all__ = ["COLOURS", "ReportFile", "page", "write_report"]
 

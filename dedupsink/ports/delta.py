@@ -17,7 +17,6 @@ from urllib.parse import parse_qsl, quote
 
 import pyarrow as pa
 
-from dedupsink import __version__
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import DedupOptionError, PortTableError
 from dedupsink.options import PATH
@@ -28,6 +27,7 @@ from dedupsink.ports.stats import StatsColumns
 from dedupsink.runtime import RUNTIME
 from dedupsink.store.records import Move, Publication
 from dedupsink.store.storage import Storage, StorageBounds
+from dedupsink.version import __version__
 
 # A commit that lost a race reads the table again; a loser finds the winner's transaction, so
 # more than a few rounds means another writer keeps committing other data to the port table.
