@@ -16,6 +16,11 @@ from dedupsink.units import human_bytes
 __all__ = ["render"]
 
 
+def _or_dash(value: object) -> object:
+    """A value of a column older rows lack (null), as a dash."""
+    return "-" if value is None else value
+
+
 def render(rows: pa.Table, store_url: str) -> str:
     """The history for people: one line a window, oldest first."""
     if rows.num_rows == 0:
@@ -31,6 +36,7 @@ def render(rows: pa.Table, store_url: str) -> str:
         "keys +",
         "keys -",
         "remembered",
+        "awaiting fold",
         "store",
         "latest point",
         "query",
@@ -50,6 +56,7 @@ def render(rows: pa.Table, store_url: str) -> str:
                 row["keys_added"],
                 row["keys_forgotten"],
                 row["keys_remembered"],
+                _or_dash(row["keys_expired_unfolded"]),
                 human_bytes(row["store_bytes"]),
                 row["latest_point_text"] or "-",
                 row["query_id"],

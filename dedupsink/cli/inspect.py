@@ -57,6 +57,7 @@ def render(inspection: Inspection) -> str:
     lines += [
         f"remembered  {remembered} in {state.index.window_files} window files "
         f"({human_bytes(state.index.bytes)})",
+        *_expired_unfolded_lines(state.expired_unfolded_keys),
         f"on disk     {inspection.disk.window_files} window files, "
         f"{human_bytes(inspection.disk.bytes)}",
         f"owner       {_owner_text(state.owner)}",
@@ -67,6 +68,13 @@ def render(inspection: Inspection) -> str:
     if state.catalog is not None:
         lines += catalog_lines(state.catalog)
     return "\n".join(lines)
+
+
+def _expired_unfolded_lines(keys: int) -> list[str]:
+    """The keys that expired but wait in window files for a fold, apart from the remembered."""
+    if not keys:
+        return []
+    return [f"            and {keys} expired keys awaiting fold (at or below the expiry point)"]
 
 
 def catalog_lines(catalog: CatalogInfo, label: str = "catalog     ") -> list[str]:

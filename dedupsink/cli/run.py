@@ -422,8 +422,10 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
         return [f"Store {store.url}: empty"]
     files, nbytes = store.disk_usage()
     kept = "producers" if manifest.settings.mode == "sequence" else "remembered keys"
+    expired = manifest.expired_unfolded_keys
+    awaiting = f" (and {expired} expired keys awaiting fold)" if expired else ""
     lines = [
-        f"Store {store.url}: {manifest.remembered_keys} {kept}; on disk "
+        f"Store {store.url}: {manifest.remembered_keys} {kept}{awaiting}; on disk "
         f"{files} window files, {human_bytes(nbytes)}"
     ]
     settings = manifest.settings

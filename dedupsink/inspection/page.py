@@ -37,6 +37,7 @@ COLOURS = {
     "expired": "#76b7b2",
     "error": "#e15759",
     "keys_remembered": "#af7aa1",
+    "keys_expired_unfolded": "#8cd17d",
     "store_bytes": "#9c755f",
     "latest_point": "#59a14f",
     "expiry_point": "#edc948",
@@ -53,6 +54,7 @@ LABELS = {
     "expired": "expired",
     "error": "error",
     "keys_remembered": "remembered keys",
+    "keys_expired_unfolded": "expired keys awaiting fold",
     "store_bytes": "store bytes",
     "latest_point": "latest point",
     "expiry_point": "expiry point",
@@ -197,6 +199,7 @@ def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
         ("last commit", _time(summary.last_commit) + " UTC"),
         ("rows", f"{everything:,}"),
         ("remembered keys", f"{summary.keys_remembered:,} (after the last window)"),
+        ("expired keys awaiting fold", _unfolded_text(summary.keys_expired_unfolded)),
         ("store", human_bytes(summary.store_bytes) + " in live window files"),
         ("latest point", summary.latest_text or "none"),
         ("expiry point", summary.expiry_text or "none"),
@@ -221,6 +224,12 @@ def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
             "keys, bytes and points as of each group's last window.</p>"
         )
     return out
+
+
+def _unfolded_text(keys: int | None) -> str:
+    if keys is None:
+        return "not counted (the last window was committed before they were)"
+    return f"{keys:,} (at or below the expiry point: a re-send of them is no duplicate)"
 
 
 def _charts(data: ReportData) -> list[str]:
@@ -278,11 +287,17 @@ def _charts(data: ReportData) -> list[str]:
             ),
         ),
         (
-            "Remembered keys after each window",
+            "Remembered keys, and expired keys awaiting fold, after each window",
             _line_chart(
                 "keys",
                 columns,
-                {"keys_remembered": [float(c.keys_remembered) for c in columns]},
+                {
+                    "keys_remembered": [float(c.keys_remembered) for c in columns],
+                    "keys_expired_unfolded": [
+                        None if c.keys_expired_unfolded is None else float(c.keys_expired_unfolded)
+                        for c in columns
+                    ],
+                },
                 count_axis,
                 lambda v: f"{int(v):,}",
                 "remembered keys (count)",
@@ -348,6 +363,7 @@ RECENT_HEADINGS = (
     "keys +",
     "keys -",
     "remembered",
+    "awaiting fold",
     "task s",
     "rows/s",
     "behind",
@@ -381,6 +397,7 @@ def _recent_table(data: ReportData) -> list[str]:
             f"{column.keys_added:,}",
             f"{column.keys_forgotten:,}",
             f"{column.keys_remembered:,}",
+            "-" if column.keys_expired_unfolded is None else f"{column.keys_expired_unfolded:,}",
             f"{column.task_seconds:.3f}",
             "-" if column.rows_per_second is None else f"{column.rows_per_second:,.0f}",
             "-" if column.lag_seconds is None else _span_text(column.lag_seconds),

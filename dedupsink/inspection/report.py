@@ -36,6 +36,7 @@ class Column:
     committed_at: datetime  # the last window's
     counts: dict[str, int]  # rows per port, summed over the group
     keys_remembered: int
+    keys_expired_unfolded: int | None  # None in rows recorded before they were counted apart
     store_bytes: int
     latest_point: float | None
     expiry_point: float | None
@@ -84,6 +85,7 @@ class ReportSummary:
     last_commit: datetime
     totals: dict[str, int]  # rows per port
     keys_remembered: int
+    keys_expired_unfolded: int | None  # expired keys awaiting a fold (None: not counted)
     store_bytes: int
     latest_text: str | None
     expiry_text: str | None
@@ -159,6 +161,7 @@ def _summary(rows: pa.Table) -> ReportSummary:
         last_commit=last["committed_at"],
         totals={port: int(pc.sum(rows.column(port)).as_py() or 0) for port in PORTS},
         keys_remembered=last["keys_remembered"],
+        keys_expired_unfolded=last["keys_expired_unfolded"],
         store_bytes=last["store_bytes"],
         latest_text=last["latest_point_text"],
         expiry_text=last["expiry_point_text"],
@@ -209,6 +212,7 @@ _COLUMN_NAMES = (
     "committed_at",
     *PORTS,
     "keys_remembered",
+    "keys_expired_unfolded",
     "store_bytes",
     "latest_point",
     "expiry_point",
@@ -244,6 +248,7 @@ def _column(
         committed_at=values["committed_at"][end],
         counts={port: sum(values[port][start:stop]) for port in PORTS},
         keys_remembered=values["keys_remembered"][end],
+        keys_expired_unfolded=values["keys_expired_unfolded"][end],
         store_bytes=values["store_bytes"][end],
         latest_point=values["latest_point"][end],
         expiry_point=values["expiry_point"][end],

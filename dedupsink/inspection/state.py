@@ -226,7 +226,8 @@ class StoreState:
     latest: Point
     expiry_point: Point
     categories: tuple[str, ...]
-    remembered_keys: int
+    remembered_keys: int  # the keys that make a re-send a duplicate: above the expiry point
+    expired_unfolded_keys: int  # at or below it, still in window files until a fold
     index: DiskUse
     owner: OwnerState | None
     fenced: tuple[FencedRun, ...]
@@ -264,6 +265,7 @@ class StoreState:
             "expiry_point": self.domain.to_json(self.expiry_point.value),
             "categories": list(self.categories),
             "remembered_keys": self.remembered_keys,
+            "expired_unfolded_keys": self.expired_unfolded_keys,
             "index": self.index.to_dict(),
             "owner": None if self.owner is None else self.owner.to_dict(),
             "fenced": [fence.to_dict() for fence in self.fenced],
@@ -332,6 +334,7 @@ def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | Non
         expiry_point=Point(expiry, point_text(expiry, settings, categories)),
         categories=categories,
         remembered_keys=manifest.remembered_keys,
+        expired_unfolded_keys=manifest.expired_unfolded_keys,
         index=DiskUse(len(manifest.files), sum(f.nbytes for f in manifest.files.values())),
         owner=None if manifest.owner is None else OwnerState.of(manifest.owner),
         fenced=tuple(FencedRun(f.query, f.run, f.by, f.version) for f in manifest.fenced),

@@ -266,6 +266,7 @@ _HISTORY_COLUMNS: tuple[tuple[str, Callable[[], DataType]], ...] = (
     ("keys_added", LongType),
     ("keys_forgotten", LongType),
     ("keys_remembered", LongType),
+    ("keys_expired_unfolded", LongType),
     ("cross_partition_duplicates", LongType),
     ("latest_point", DoubleType),
     ("latest_point_text", StringType),

@@ -20,7 +20,7 @@ from dedupsink.ports.output import Output, PortFile
 from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.settle import Moved, SettlingTask, StagedKeys
 from dedupsink.sink.task import TaskSummary
-from dedupsink.store.cache import manager_for
+from dedupsink.store.cache import manager_for, segment_stamps
 from dedupsink.store.compaction import (
     KeysContext,
     WrittenWindowFile,
@@ -46,6 +46,7 @@ from dedupsink.store.transaction import (
     AssertBase,
     AssertBatchNew,
     AssertNotFenced,
+    CountExpiredUnfolded,
     DropExpiredFiles,
     FoldSegments,
     ForgetCollectedTombstones,
@@ -94,6 +95,7 @@ class WindowCommit:
                 FoldSegments.of(written),
                 AdvanceLatestPoint(policy, self._window_stamps(), int(time.time() * 1_000_000)),
                 DropExpiredFiles(policy),
+                *self._count_expired_unfolded(),
                 RecordWindow(
                     writer.query,
                     self.batch_id,
@@ -107,6 +109,14 @@ class WindowCommit:
                 RecordPublication(publication, ports),
             ),
         )
+
+    def _count_expired_unfolded(self) -> tuple[CountExpiredUnfolded, ...]:
+        """Counting the expired keys awaiting a fold, in the modes where keys expire."""
+        dtype = stamp_dtype(self.plan.settings)
+        if not self.plan.settings.has_expiry or dtype is None:
+            return ()
+        policy = self.plan.settings.expiry
+        return (CountExpiredUnfolded(policy, segment_stamps(self.plan.store, dtype)),)
 
     def _window_stamps(self) -> tuple[float, ...]:
         return tuple(t.max_stamp for t in self.tasks if t.max_stamp is not None)

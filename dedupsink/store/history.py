@@ -74,6 +74,10 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("keys_added", pa.int64()),
     ("keys_forgotten", pa.int64()),
     ("keys_remembered", pa.int64()),
+    # Keys at or below the expiry point still in window files, awaiting a fold (no re-send is
+    # a duplicate of them: not remembered); null in rows recorded before they were counted
+    # apart, whose ``keys_remembered`` included them.
+    ("keys_expired_unfolded", pa.int64()),
     ("cross_partition_duplicates", pa.int64()),
     ("latest_point", pa.float64()),
     ("latest_point_text", pa.string()),
@@ -127,6 +131,7 @@ def row_of(manifest: Manifest) -> Row | None:
         "keys_added": last.new_keys,
         "keys_forgotten": last.dropped_keys,
         "keys_remembered": manifest.remembered_keys,
+        "keys_expired_unfolded": manifest.expired_unfolded_keys,
         "cross_partition_duplicates": last.cross_partition_duplicates,
         "latest_point": None if latest is None else float(latest),
         "latest_point_text": point_text(latest, settings, manifest.categories),

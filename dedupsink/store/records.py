@@ -445,22 +445,39 @@ def error_reasons(counts: Iterable[Mapping[str, int]]) -> tuple[tuple[str, int],
 @dataclass(frozen=True)
 class StoreTotals:
     """What a store counted over all its windows: how many it committed, the keys (or
-    producers) it remembers now, and the rows each port was given."""
+    producers) it remembers now, the rows each port was given, and the keys its window files
+    still hold though they are at or below the expiry point (``expired_unfolded``: no re-send
+    is a duplicate of them; they wait for a fold or their file's expiry to remove them).
+
+    ``remembered`` are the keys that make a re-send a duplicate. A store committed before
+    ``expired_unfolded`` was counted (the key absent) counted both as remembered, until its next
+    window."""
 
     windows: int = 0
     remembered: int = 0
     counts: WindowCounts = field(default_factory=WindowCounts)
+    expired_unfolded: int = 0
 
-    def after_window(self, counts: WindowCounts, remembered: int) -> StoreTotals:
-        return StoreTotals(self.windows + 1, remembered, self.counts + counts)
+    def after_window(
+        self, counts: WindowCounts, remembered: int, expired_unfolded: int = 0
+    ) -> StoreTotals:
+        return StoreTotals(self.windows + 1, remembered, self.counts + counts, expired_unfolded)
 
     def to_wire(self) -> dict[str, int]:
         if self == StoreTotals():
             return {}  # a store records no totals before its first window
-        return {"remembered": self.remembered, "windows": self.windows, **self.counts.as_dict()}
+        wire = {"remembered": self.remembered, "windows": self.windows, **self.counts.as_dict()}
+        if self.expired_unfolded:  # absent when none: older totals re-encode identically
+            wire["expired_unfolded"] = self.expired_unfolded
+        return wire
 
     @classmethod
     def from_wire(cls, value: dict[str, int]) -> StoreTotals:
         if not value:
             return cls()
-        return cls(int(value["windows"]), int(value["remembered"]), WindowCounts.from_dict(value))
+        return cls(
+            int(value["windows"]),
+            int(value["remembered"]),
+            WindowCounts.from_dict(value),
+            int(value.get("expired_unfolded", 0)),
+        )
