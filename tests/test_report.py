@@ -245,7 +245,8 @@ def test_chromium_draws_a_bar_and_a_dot_a_window(
         drawn = [rect.attrs["class"] for rect in bar.iter("rect")]
         assert drawn == [port for port in PORTS if row[port]]  # stacked bottom up
         assert bar.iter("title")[0].all_text().endswith(f"error {row['error']}")
-    for name, lines in (("shares", 2), ("keys", 1), ("bytes", 1), ("points", 2)):
+    # keys: remembered and expired awaiting fold; seconds: wall, commit and task time
+    for name, lines in (("shares", 2), ("keys", 2), ("bytes", 1), ("points", 2), ("seconds", 3)):
         svg = chart(dom, name)
         assert len(svg.iter("circle")) == lines * WINDOWS, name
         assert len(svg.iter("polyline")) == lines, name
@@ -326,7 +327,7 @@ def test_chromium_shows_what_the_operator_asks_of_two_queries(
             assert len(set(ticks)) == len(ticks), (name, axis, ticks)
         markers = [g.attrs["data-query"] for g in svg.iter("g", class_="marker")]
         assert markers == list(QUERIES), name
-        assert len(svg.iter("circle")) in (0, 2 * len(versions), len(versions)), name
+        assert len(svg.iter("circle")) in (0, *(n * len(versions) for n in (1, 2, 3))), name
     assert "query second-q starts" in chart(dom, "rows").all_text()
     lag_title = tick_texts(chart(dom, "lag"), "y")
     assert lag_title and "commit time minus latest point" in chart(dom, "lag").all_text()
@@ -350,7 +351,14 @@ def test_chromium_shows_what_the_operator_asks_of_two_queries(
         tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,6400", target.as_uri()
     )
     pixels = decode_png(shot.read_bytes())
-    for name in ("task_seconds", "rows_per_second", "keys_added", "keys_forgotten", "lag"):
+    for name in (
+        "task_seconds",
+        "wall_seconds",
+        "rows_per_second",
+        "keys_added",
+        "keys_forgotten",
+        "lag",
+    ):
         found = (pixels == rgb(COLOURS[name])).all(axis=2)
         assert found.sum() > 150, f"{name}'s colour {COLOURS[name]} is not on screen"
     marker = (pixels == rgb("#555555")).all(axis=2)

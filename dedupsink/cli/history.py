@@ -21,6 +21,10 @@ def _or_dash(value: object) -> object:
     return "-" if value is None else value
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def render(rows: pa.Table, store_url: str) -> str:
     """The history for people: one line a window, oldest first."""
     if rows.num_rows == 0:
@@ -37,6 +41,8 @@ def render(rows: pa.Table, store_url: str) -> str:
         "keys -",
         "remembered",
         "awaiting fold",
+        "wall s",
+        "commit s",
         "store",
         "latest point",
         "query",
@@ -57,6 +63,8 @@ def render(rows: pa.Table, store_url: str) -> str:
                 row["keys_forgotten"],
                 row["keys_remembered"],
                 _or_dash(row["keys_expired_unfolded"]),
+                _seconds(row["wall_seconds"]),
+                _seconds(row["commit_seconds"]),
                 human_bytes(row["store_bytes"]),
                 row["latest_point_text"] or "-",
                 row["query_id"],

@@ -52,6 +52,10 @@ class Column:
     error_reasons: dict[str, int]  # error rows by reason, summed
     store_retries: int = 0  # requests to the storage retried, summed over the group
     store_wait_seconds: float = 0.0  # seconds lost to them, summed
+    # Wall time from each window's first task's start to its commit point, and of its commit,
+    # summed over the group's windows; None where no window of the group recorded them.
+    wall_seconds: float | None = None
+    commit_seconds: float | None = None
 
     @property
     def rows(self) -> int:
@@ -221,6 +225,8 @@ _COLUMN_NAMES = (
     "query_id",
     "batch_id",
     "task_seconds",
+    "wall_seconds",
+    "commit_seconds",
     "keys_added",
     "keys_forgotten",
     "error_reasons",
@@ -264,12 +270,20 @@ def _column(
         error_reasons=reasons,
         store_retries=int(_total(values["store_retries"][start:stop])),
         store_wait_seconds=float(_total(values["store_wait_seconds"][start:stop])),
+        wall_seconds=_total_or_none(values["wall_seconds"][start:stop]),
+        commit_seconds=_total_or_none(values["commit_seconds"][start:stop]),
     )
 
 
 def _total(values: list[Any]) -> float:
     """A sum over the windows that recorded the value (a null counts nothing)."""
     return sum(value for value in values if value is not None)
+
+
+def _total_or_none(values: list[Any]) -> float | None:
+    """A sum over the windows that recorded the value; None if none did."""
+    recorded = [value for value in values if value is not None]
+    return float(sum(recorded)) if recorded else None
 
 
 def _summed_reasons(windows: list[Any]) -> dict[str, int]:

@@ -24,6 +24,7 @@ Each step is safe to crash after (docs/ARCHITECTURE.md, "The commit protocol"):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -114,6 +115,7 @@ class CommitReport:
 def commit_window(
     plan: SinkPlan, summaries: Sequence[TaskSummary | None], batch_id: int
 ) -> CommitReport | None:
+    commit_started_at = time.time()
     done = sorted((s for s in summaries if s is not None), key=lambda s: s.identity.partition)
     if not done:
         return None
@@ -135,7 +137,15 @@ def commit_window(
         written = files_written_by_commit(plan, store, base, done, settling, moves)
         schema_files = empty_port_files(plan, output, base, done)
         window = WindowCommit(
-            plan, base, writer, batch_id, done, schema_files, now_ms(), WAITS.now() - waits
+            plan,
+            base,
+            writer,
+            batch_id,
+            done,
+            schema_files,
+            now_ms(),
+            WAITS.now() - waits,
+            commit_started_at,
         )
         transaction = window.transaction(written, cross_partition(done, moves))
         committed = transaction.commit(store, window.now_ms)

@@ -275,6 +275,8 @@ _HISTORY_COLUMNS: tuple[tuple[str, Callable[[], DataType]], ...] = (
     ("store_files", LongType),
     ("store_bytes", LongType),
     ("task_seconds", DoubleType),
+    ("wall_seconds", DoubleType),
+    ("commit_seconds", DoubleType),
     ("state_loaded_bytes", LongType),
     ("state_loaded_max_bytes", LongType),
     ("state_fetched_bytes", LongType),

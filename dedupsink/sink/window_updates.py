@@ -70,6 +70,7 @@ class WindowCommit:
     schema_files: list[PortFile]  # empty files giving a port without rows its schema
     now_ms: int
     commit_waits: StoreWaits = field(default_factory=StoreWaits)  # the commit's, so far
+    commit_started_at: float | None = None  # seconds since the epoch
 
     def transaction(
         self, written_by_commit: list[WrittenWindowFile], cross_partition: int
@@ -105,6 +106,8 @@ class WindowCommit:
                     StateUse.of_tasks([(t.process, t.state) for t in self.tasks]),
                     error_reasons(t.error_reasons for t in self.tasks),
                     sum((t.store_waits for t in self.tasks), self.commit_waits),
+                    min((t.started_at for t in self.tasks if t.started_at), default=None),
+                    self.commit_started_at,
                 ),
                 RecordPublication(publication, ports),
             ),

@@ -86,6 +86,10 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("store_files", pa.int64()),
     ("store_bytes", pa.int64()),
     ("task_seconds", pa.float64()),
+    # Wall time from the window's first task's start to its commit point, and of its commit
+    # alone; null in rows recorded before they were.
+    ("wall_seconds", pa.float64()),
+    ("commit_seconds", pa.float64()),
     # The bytes of remembered keys the window's tasks used (records.StateUse); null in the
     # rows of windows committed before they were counted.
     ("state_loaded_bytes", pa.int64()),
@@ -140,6 +144,8 @@ def row_of(manifest: Manifest) -> Row | None:
         "store_files": len(manifest.files),
         "store_bytes": sum(window_file.nbytes for window_file in manifest.files.values()),
         "task_seconds": float(last.task_seconds),
+        "wall_seconds": last.wall_seconds,
+        "commit_seconds": last.commit_seconds,
         **_state_columns(last.state),
         "error_reasons": [{"reason": reason, "rows": rows} for reason, rows in last.error_reasons],
         "store_retries": last.store_waits.retries,

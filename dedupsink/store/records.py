@@ -389,6 +389,10 @@ class WindowRecord:
     # Requests to the store and the ports' storage its tasks and its commit (up to the commit
     # point) retried, and the seconds lost to them: a brownout shows here.
     store_waits: StoreWaits = field(default_factory=StoreWaits)
+    # Wall time from the window's first task's start to its commit point, and of its commit
+    # alone (from the tasks' end to the commit point); None in records written before.
+    wall_seconds: float | None = None
+    commit_seconds: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -407,6 +411,8 @@ class WindowRecord:
             wire["errors"] = [list(entry) for entry in self.error_reasons]
         if self.store_waits.retries:  # the same
             wire["store"] = [self.store_waits.retries, round(self.store_waits.seconds, 3)]
+        if self.wall_seconds is not None:  # the same
+            wire["wall"] = [self.wall_seconds, self.commit_seconds]
         return wire
 
     @classmethod
@@ -425,7 +431,15 @@ class WindowRecord:
             StateUse.from_wire(value.get("state")),
             tuple((str(reason), int(rows)) for reason, rows in value.get("errors") or ()),
             StoreWaits(*_waits(value.get("store"))),
+            *_wall(value.get("wall")),
         )
+
+
+def _wall(value: Any) -> tuple[float | None, float | None]:
+    if not value:
+        return None, None
+    wall, commit = value
+    return float(wall), None if commit is None else float(commit)
 
 
 def _waits(value: Any) -> tuple[int, float]:

@@ -10,6 +10,7 @@ here reads a row or knows Spark; the sink builds a window's updates from its tas
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -331,6 +332,11 @@ class RecordWindow:
     state: StateUse = field(default_factory=StateUse)
     error_reasons: tuple[tuple[str, int], ...] = ()
     store_waits: StoreWaits = field(default_factory=StoreWaits)
+    # When the window's first task and its commit started (seconds since the epoch; None: not
+    # known), and the clock that says when the commit point is reached.
+    tasks_started_at: float | None = None
+    commit_started_at: float | None = None
+    clock: Callable[[], float] = time.time
 
     def apply(self, next_version: NextVersion) -> None:
         manifest = next_version.manifest
@@ -349,7 +355,17 @@ class RecordWindow:
             state=self.state,
             error_reasons=self.error_reasons,
             store_waits=self.store_waits,
+            **self._wall_times(),
         )
+
+    def _wall_times(self) -> dict[str, float | None]:
+        if self.tasks_started_at is None or self.commit_started_at is None:
+            return {}
+        now = self.clock()
+        return {
+            "wall_seconds": round(now - self.tasks_started_at, 3),
+            "commit_seconds": round(now - self.commit_started_at, 3),
+        }
 
 
 @dataclass(frozen=True)
