@@ -241,109 +241,10 @@ def _seconds_text(seconds: float | None) -> str:
 
 
 def _charts(data: ReportData) -> list[str]:
-    columns = data.columns
-    mode = None if data.settings is None else data.settings.mode
-    count_axis = Axis(_count_ticks, _count_text)
-    percent = Axis(lambda low, high: _nice(0.0, max(high, 1.0)), lambda v: f"{number_text(v)}%")
-    charts = [
-        ("Rows per port and window", _stacked_bars(columns)),
-        (
-            "Duplicate and expired share of each window's rows",
-            _line_chart(
-                "shares",
-                columns,
-                {port: [c.share(port) for c in columns] for port in ("duplicate", "expired")},
-                percent,
-                lambda v: f"{v:.1f}%",
-                "share of the window's rows (%)",
-            ),
-        ),
-        (
-            "Time each window took: wall time from its first task's start to its commit, "
-            "the commit's own, and its tasks' seconds summed",
-            _line_chart(
-                "seconds",
-                columns,
-                {
-                    "wall_seconds": [c.wall_seconds for c in columns],
-                    "commit_seconds": [c.commit_seconds for c in columns],
-                    "task_seconds": [c.task_seconds for c in columns],
-                },
-                Axis(lambda low, high: _nice(0.0, max(high, 0.001)), number_text),
-                lambda v: f"{v:.3f} s",
-                "time (seconds)",
-            ),
-        ),
-        (
-            "Throughput: rows per second of task time",
-            _line_chart(
-                "throughput",
-                columns,
-                {"rows_per_second": [c.rows_per_second for c in columns]},
-                count_axis,
-                lambda v: f"{v:,.0f} rows/s",
-                "throughput (rows per second)",
-            ),
-        ),
-        (
-            "Keys added and forgotten by each window",
-            _line_chart(
-                "churn",
-                columns,
-                {
-                    "keys_added": [float(c.keys_added) for c in columns],
-                    "keys_forgotten": [float(c.keys_forgotten) for c in columns],
-                },
-                count_axis,
-                lambda v: f"{int(v):,}",
-                "keys (count)",
-            ),
-        ),
-        (
-            "Remembered keys, and expired keys awaiting fold, after each window",
-            _line_chart(
-                "keys",
-                columns,
-                {
-                    "keys_remembered": [float(c.keys_remembered) for c in columns],
-                    "keys_expired_unfolded": [
-                        None if c.keys_expired_unfolded is None else float(c.keys_expired_unfolded)
-                        for c in columns
-                    ],
-                },
-                count_axis,
-                lambda v: f"{int(v):,}",
-                "remembered keys (count)",
-            ),
-        ),
-        (
-            "The store's size: bytes of its live window files",
-            _line_chart(
-                "bytes",
-                columns,
-                {"store_bytes": [float(c.store_bytes) for c in columns]},
-                Axis(_count_ticks, lambda v: human_bytes(int(v))),
-                lambda v: human_bytes(int(v)),
-                "store size (bytes)",
-            ),
-        ),
-        (
-            "Store retries: requests the storage throttled, dropped or left unanswered",
-            _line_chart(
-                "retries",
-                columns,
-                {"store_retries": [float(c.store_retries) for c in columns]},
-                Axis(lambda low, high: _nice(0.0, max(high, 1.0)), number_text),
-                lambda v: f"{int(v):,}",
-                "requests retried (count)",
-            ),
-        ),
-        ("Latest and expiry points", _points_chart(columns, mode)),
-        ("How far behind the data is: commit time minus the latest point", _lag_chart(data)),
-    ]
+    """Every chart of ``CHARTS``, under its heading, in order."""
     out: list[str] = []
-    for title, chart in charts:
-        out += [f"<h2>{esc(title)}</h2>", chart]
+    for spec in CHARTS:
+        out += [f"<h2>{esc(spec.heading)}</h2>", spec.draw(data)]
     return out
 
 
@@ -814,3 +715,125 @@ def _sentence(name: str, columns: Sequence[Column], why: str) -> str:
         f'{_svg_open(name, plot, why)}<text class="missing" x="{LEFT}" y="45">'
         f"{esc(why)}</text></svg>"
     )
+
+
+# -- the charts, as data ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LineChart:
+    """A chart of lines, one a series: its ``data-chart`` name, its heading, each series' key
+    (its colour and label) with the value it takes of a column (None: a gap), the y axis, a
+    value's tooltip text and the y axis' title."""
+
+    name: str
+    heading: str
+    series: tuple[tuple[str, Callable[[Column], float | None]], ...]
+    axis: Axis
+    value_text: Callable[[float], str]
+    y_title: str
+
+    def draw(self, data: ReportData) -> str:
+        columns = data.columns
+        values = {key: [value(column) for column in columns] for key, value in self.series}
+        return _line_chart(self.name, columns, values, self.axis, self.value_text, self.y_title)
+
+
+@dataclass(frozen=True)
+class DrawnChart:
+    """A chart with a drawing of its own (bars, points on the expiry key's scale, the lag)."""
+
+    heading: str
+    drawing: Callable[[ReportData], str]
+
+    def draw(self, data: ReportData) -> str:
+        return self.drawing(data)
+
+
+def _optional(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _mode(data: ReportData) -> str | None:
+    return None if data.settings is None else data.settings.mode
+
+
+COUNT_AXIS = Axis(_count_ticks, _count_text)
+PERCENT_AXIS = Axis(lambda low, high: _nice(0.0, max(high, 1.0)), lambda v: f"{number_text(v)}%")
+SECONDS_AXIS = Axis(lambda low, high: _nice(0.0, max(high, 0.001)), number_text)
+RETRIES_AXIS = Axis(lambda low, high: _nice(0.0, max(high, 1.0)), number_text)
+BYTES_AXIS = Axis(_count_ticks, lambda v: human_bytes(int(v)))
+
+# The report's charts, top to bottom.
+CHARTS: tuple[LineChart | DrawnChart, ...] = (
+    DrawnChart("Rows per port and window", lambda data: _stacked_bars(data.columns)),
+    LineChart(
+        "shares",
+        "Duplicate and expired share of each window's rows",
+        (("duplicate", lambda c: c.share("duplicate")), ("expired", lambda c: c.share("expired"))),
+        PERCENT_AXIS,
+        lambda v: f"{v:.1f}%",
+        "share of the window's rows (%)",
+    ),
+    LineChart(
+        "seconds",
+        "Time each window took: wall time from its first task's start to its commit, the "
+        "commit's own, and its tasks' seconds summed",
+        (
+            ("wall_seconds", lambda c: c.wall_seconds),
+            ("commit_seconds", lambda c: c.commit_seconds),
+            ("task_seconds", lambda c: c.task_seconds),
+        ),
+        SECONDS_AXIS,
+        lambda v: f"{v:.3f} s",
+        "time (seconds)",
+    ),
+    LineChart(
+        "throughput",
+        "Throughput: rows per second of task time",
+        (("rows_per_second", lambda c: c.rows_per_second),),
+        COUNT_AXIS,
+        lambda v: f"{v:,.0f} rows/s",
+        "throughput (rows per second)",
+    ),
+    LineChart(
+        "churn",
+        "Keys added and forgotten by each window",
+        (
+            ("keys_added", lambda c: float(c.keys_added)),
+            ("keys_forgotten", lambda c: float(c.keys_forgotten)),
+        ),
+        COUNT_AXIS,
+        lambda v: f"{int(v):,}",
+        "keys (count)",
+    ),
+    LineChart(
+        "keys",
+        "Remembered keys, and expired keys awaiting fold, after each window",
+        (
+            ("keys_remembered", lambda c: float(c.keys_remembered)),
+            ("keys_expired_unfolded", lambda c: _optional(c.keys_expired_unfolded)),
+        ),
+        COUNT_AXIS,
+        lambda v: f"{int(v):,}",
+        "remembered keys (count)",
+    ),
+    LineChart(
+        "bytes",
+        "The store's size: bytes of its live window files",
+        (("store_bytes", lambda c: float(c.store_bytes)),),
+        BYTES_AXIS,
+        lambda v: human_bytes(int(v)),
+        "store size (bytes)",
+    ),
+    LineChart(
+        "retries",
+        "Store retries: requests the storage throttled, dropped or left unanswered",
+        (("store_retries", lambda c: float(c.store_retries)),),
+        RETRIES_AXIS,
+        lambda v: f"{int(v):,}",
+        "requests retried (count)",
+    ),
+    DrawnChart("Latest and expiry points", lambda data: _points_chart(data.columns, _mode(data))),
+    DrawnChart("How far behind the data is: commit time minus the latest point", _lag_chart),
+)
