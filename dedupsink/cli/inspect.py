@@ -18,6 +18,7 @@ from dedupsink.inspection.state import (
     Producers,
     StoreState,
 )
+from dedupsink.inspection.verdict import Verdict
 from dedupsink.options import ASSUME_SAME_EXPIRY, OUTPUT_FORMAT_DEFAULT, bool_text
 from dedupsink.ports.base import CatalogInfo
 from dedupsink.store.records import StoreSettings
@@ -44,6 +45,7 @@ def render(inspection: Inspection) -> str:
         f"settings    {settings_text(settings)}",
         f"placement   {placement_text(settings)}",
         f"windows     {state.windows} committed{_last_window_text(state.last_window)}",
+        *_verdict_lines(inspection.verdict),
     ]
     if state.schema is not None:
         lines.append(f"schema      {state.schema.text()}")
@@ -68,6 +70,16 @@ def render(inspection: Inspection) -> str:
     if state.catalog is not None:
         lines += catalog_lines(state.catalog)
     return "\n".join(lines)
+
+
+def _verdict_lines(verdict: Verdict | None) -> list[str]:
+    """Healthy or not, and each finding on a line of its own (README, "Is it healthy?")."""
+    if verdict is None:
+        return []
+    return [
+        f"health      {verdict.headline()}",
+        *(f"            {f.kind} {f.rule}: {f.message}" for f in verdict.findings),
+    ]
 
 
 def _expired_unfolded_lines(keys: int) -> list[str]:

@@ -20,6 +20,7 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.errors import ConfigError
 from dedupsink.inspection.location import Location
 from dedupsink.inspection.report import Column, ReportData, ReportSummary, report_data
+from dedupsink.inspection.verdict import Verdict
 from dedupsink.units import human_bytes, number_text, utc_text
 
 __all__ = ["COLOURS", "ReportFile", "page", "write_report"]
@@ -98,7 +99,7 @@ def write_report(
     target = Path(output)
     if not target.parent.is_dir():  # before the history is read: nothing done for nothing
         raise ConfigError("--output", f"cannot write {output}: no folder {target.parent}")
-    data = report_data(location, last)
+    data = report_data(location, last, now)
     encoded = page(data, now).encode("utf-8")
     try:
         target.write_bytes(encoded)
@@ -134,6 +135,10 @@ text.title{font-size:13px;fill:#444}
 table.windows{font-size:12px}
 table.windows th{border-bottom:1px solid #ccc}
 table.windows td{padding:1px 10px 1px 0}
+section.verdict{border-left:6px solid #59a14f;background:#f3f8f1;padding:8px 14px;margin:14px 0}
+section.verdict.unhealthy{border-color:#e15759;background:#fcf0f0}
+section.verdict h2{margin:2px 0 4px}
+section.verdict li{margin:2px 0}
 """
 
 
@@ -151,6 +156,7 @@ def page(data: ReportData, now: datetime | None = None) -> str:
     else:
         body = [
             *_heading(data.summary, data.store_url),
+            *_verdict(data.verdict),
             *_summary(data.summary, data),
             *_reasons_table(data.summary),
             *_charts(data),
@@ -187,6 +193,31 @@ def _heading(summary: ReportSummary, store_url: str) -> list[str]:
         f'<p class="range">{summary.windows} {windows} committed from '
         f"{esc(_time(summary.first_commit))} to {esc(_time(summary.last_commit))} UTC</p>",
     ]
+
+
+def _verdict(verdict: Verdict | None) -> list[str]:
+    """Healthy or not at the top of the page, with the findings that decide it and the notes
+    that explain what could look like an alarm (README, "Is it healthy?")."""
+    if verdict is None:
+        return []
+    state = "healthy" if verdict.healthy else "unhealthy"
+    out = [
+        f'<section class="verdict {state}" data-healthy="{str(verdict.healthy).lower()}">',
+        f"<h2>{esc(verdict.headline()[:1].upper() + verdict.headline()[1:])}</h2>",
+    ]
+    if verdict.findings:
+        out.append("<ul>")
+        out += [
+            f'<li class="{f.kind}" data-rule="{esc(f.rule)}"><b>{esc(f.kind)} {esc(f.rule)}</b>: '
+            f"{esc(f.message)}</li>"
+            for f in verdict.findings
+        ]
+        out.append("</ul>")
+    out.append(
+        f'<p class="note">Judged at {esc(_time(verdict.judged_at))} UTC over the history\'s '
+        'last windows by the rules of the README\'s "Is it healthy?" section.</p></section>'
+    )
+    return out
 
 
 def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
@@ -504,9 +535,16 @@ def _axes(
         y = plot.y(tick)
         yield f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{esc(label)}</text>'
     middle = (TOP + bottom) / 2
+    lines = _title_lines(title, 2 * min(middle, plot.height - middle) - 12)
+    title_x = 16  # a second line, if any, 15 px to the right of it
+    # Rotated a quarter turn: a tspan's y moves it across the text, to the right.
+    spans = "".join(
+        f'<tspan x="{title_x}" y="{middle + 15 * i:.1f}">{esc(line)}</tspan>'
+        for i, line in enumerate(lines)
+    )
     yield (
-        f'<text class="title" x="16" y="{middle:.1f}" text-anchor="middle" '
-        f'transform="rotate(-90 16 {middle:.1f})">{esc(title)}</text>'
+        f'<text class="title" x="{title_x}" y="{middle:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 {title_x} {middle:.1f})">{spans}</text>'
     )
     yield f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{bottom}"/></g><g class="axis x">'
     yield f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{bottom}" y2="{bottom}"/>'
@@ -525,6 +563,24 @@ def _axes(
         'text-anchor="middle">window, and when it was committed (UTC)</text></g>'
     )
     yield from _markers(plot, columns)
+
+
+TITLE_CHAR_PX = 7.2  # the widest a title's character is drawn, on average, at 13 px
+
+
+def _title_lines(title: str, room: float) -> list[str]:
+    """A y title as the lines that fit ``room`` px (rotated, it runs along the plot's height):
+    one if it fits, else two split at a space, the first ending in it (so the title's text
+    reads whole). A line keeps at least one word."""
+    if len(title) * TITLE_CHAR_PX <= room:
+        return [title]
+    words = title.split(" ")
+    first = words[0]
+    for word in words[1:]:
+        if (len(first) + 1 + len(word)) * TITLE_CHAR_PX > room:
+            break
+        first += " " + word
+    return [first + " ", title[len(first) + 1 :]]
 
 
 def _moment_texts(moments: Sequence[datetime]) -> list[str]:
@@ -699,7 +755,7 @@ def _lag_chart(data: ReportData) -> str:
         ),
         ("seconds", 1),
     )
-    return _line_chart(
+    chart = _line_chart(
         "lag",
         columns,
         {"lag": [None if v is None else v / size for v in lags]},
@@ -707,6 +763,17 @@ def _lag_chart(data: ReportData) -> str:
         lambda v: f"{v:,.1f} {unit}",
         f"commit time minus latest point ({unit})",
     )
+    return _historical_note(data) + chart
+
+
+def _historical_note(data: ReportData) -> str:
+    """Above the lag chart, the verdict's word that the data is replayed or historical: a lag
+    of years, steady, is the data's age, not a stream falling behind."""
+    notes = [] if data.verdict is None else data.verdict.notes
+    found = [note for note in notes if note.rule == "historical-data"]
+    if not found:
+        return ""
+    return f'<p class="note historical" data-rule="historical-data">{esc(found[0].message)}</p>'
 
 
 def _sentence(name: str, columns: Sequence[Column], why: str) -> str:

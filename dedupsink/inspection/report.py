@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -16,6 +16,8 @@ import pyarrow.compute as pc
 from dedupsink.engine.classify import PORTS
 from dedupsink.inspection.history import history
 from dedupsink.inspection.location import Location
+from dedupsink.inspection.state import holder_of, period_seconds
+from dedupsink.inspection.verdict import Verdict, judge
 from dedupsink.store.records import StoreSettings
 from dedupsink.units import micros_since_epoch
 
@@ -111,6 +113,7 @@ class ReportData:
     summary: ReportSummary | None
     columns: tuple[Column, ...]
     recent: tuple[Column, ...] = ()  # the last ``RECENT_WINDOWS`` windows, one a column
+    verdict: Verdict | None = None  # healthy or not (None: not judged, no store read)
 
     @property
     def time_points(self) -> bool:
@@ -127,12 +130,19 @@ class ReportData:
         return math.ceil(self.windows / len(self.columns)) if self.columns else 1
 
 
-def report_data(location: Location, last: int | None = None) -> ReportData:
+def report_data(
+    location: Location, last: int | None = None, now: datetime | None = None
+) -> ReportData:
     """What the report of the located store's history draws (its last ``last`` windows when
-    given)."""
+    given), and the verdict on it at ``now`` (by default the clock's time)."""
+    now = now or datetime.now(UTC)
     rows = history(location, last)
     manifest = location.store().read()
-    return digest(rows, location.store_url, None if manifest is None else manifest.settings)
+    if manifest is None:
+        return digest(rows, location.store_url, None)
+    data = digest(rows, location.store_url, manifest.settings)
+    verdict = judge(rows.to_pylist(), holder_of(manifest), now, period_seconds(manifest))
+    return replace(data, verdict=verdict)
 
 
 def digest(
