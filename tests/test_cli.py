@@ -341,10 +341,17 @@ def readme_samples() -> list[list[str]]:
 
 def as_the_readme_shows(text: str, out: Path | None = None) -> list[str]:
     """Lines as the README writes them: the output under /home/you, the run's time and query
-    id (which differ each run) as placeholders, the command as ``make run`` calls it."""
+    id and each window's seconds (which differ each run) as placeholders, the command as
+    ``make run`` calls it."""
     if out is not None:
         text = text.replace(str(out), README_OUT)
     text = re.sub(r"in \d+\.\d s \(query [0-9a-f-]{36}\)", "in <seconds> (query <id>)", text)
+    # A window's wall, commit and task seconds differ each run too.
+    text = re.sub(
+        r"\| \d+\.\d s wall \(commit \d+\.\d s\), tasks \d+\.\d\d s",
+        "| <wall> s wall (commit <commit> s), tasks <tasks> s",
+        text,
+    )
     return text.replace("Inspect: dedupsink ", "Inspect: .venv/bin/dedupsink ").splitlines()
 
 

@@ -16,7 +16,9 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any, Literal
 
-from dedupsink.units import iso_utc, micros_since_epoch
+from dedupsink.inspection.jsonout import moment_text
+from dedupsink.inspection.points import iso_micros
+from dedupsink.units import micros_since_epoch
 
 __all__ = ["Finding", "Holder", "Verdict", "judge"]
 
@@ -108,7 +110,7 @@ class Verdict:
         return {
             "healthy": self.healthy,
             "summary": self.headline(),
-            "judged_at": iso_utc(self.judged_at),
+            "judged_at": moment_text(self.judged_at),
             "windows_judged": self.windows,
             "reasons": [finding.to_dict() for finding in self.findings],
         }
@@ -153,7 +155,7 @@ def commit_stalled(
         f"no commit for {_duration(since)} while query {holder.query} holds the store; its "
         f"commits came every {_duration(usual)} (median), the limit is {_duration(limit)}",
         {
-            "last_commit_at": iso_utc(rows[-1]["committed_at"]),
+            "last_commit_at": moment_text(rows[-1]["committed_at"]),
             "seconds_since_last_commit": round(since, 3),
             "usual_interval_seconds": round(usual, 3),
             "limit_seconds": round(limit, 3),
@@ -213,7 +215,7 @@ def historical_data(
         "shows how old the data is, not a stream falling behind",
         {
             "lag_seconds": round(lags[-1], 3),
-            "latest_point": latest,
+            "latest_point_at": iso_micros(recent[-1]["latest_point"]),
             "windows": len(recent),
         },
     )
@@ -305,7 +307,7 @@ def ownership(
     parts = [f"query {query} lost the store to query {by} at version {v}" for query, by, v in taken]
     if lapsed and holder.lease_lapses_at is not None:
         parts.append(
-            f"the lease of query {holder.query} lapsed at {iso_utc(holder.lease_lapses_at)} "
+            f"the lease of query {holder.query} lapsed at {moment_text(holder.lease_lapses_at)} "
             "without a commit: it may have died (the next query takes the store over)"
         )
     return Finding(
@@ -319,7 +321,7 @@ def ownership(
             "owner": holder.query,
             "lease_lapses_at": None
             if holder.lease_lapses_at is None
-            else iso_utc(holder.lease_lapses_at),
+            else moment_text(holder.lease_lapses_at),
         },
     )
 
