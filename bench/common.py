@@ -5,9 +5,10 @@
   over rows). Re-sends are copies of earlier rows, exact or (``resend_times="later"``) stamped
   with their own later send time, so the generator knows the truth: the first copy of each id
   is its unique row.
-* Memory (``TreeSampler``, ``WorkerPeaks``, ``vm_hwm``): resident set sizes through psutil —
-  the sum over a process and all its descendants (a Spark driver's JVM and its Python workers),
-  sampled a few times a second, and the kernel's own high-water mark ``VmHWM`` of one process.
+* Memory (``TreeSampler``, ``ExecutorSampler``, ``WorkerPeaks``, ``vm_hwm``): resident set sizes
+  through psutil — the sum over a process and all its descendants (a Spark driver's JVM and its
+  Python workers), sampled a few times a second, and the kernel's own high-water mark ``VmHWM``
+  of one process.
 * Machine facts (``machine_facts``, ``load_average``): for the results file.
 """
 
@@ -288,14 +289,14 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
     rng = np.random.default_rng(spec.seed)
     source, kind, counts = plan_rows(spec, rng)
     orig_pos = np.flatnonzero(kind == 0)
-    times = _event_times(spec, rng, orig_pos)
+    times = event_times(spec, rng, orig_pos)
     originals = event_columns(rng, times)
     stream = originals.take(pa.array(source))
     first_copy = kind == 0
     stream_times = times[source]
     if spec.resend_times == "later":
         resend_pos = np.flatnonzero(kind == 1)
-        stream_times[resend_pos] = _event_times(spec, rng, resend_pos)
+        stream_times[resend_pos] = event_times(spec, rng, resend_pos)
         column = pa.array(stream_times, type=stream.schema.field("event_time").type)
         stream = stream.set_column(
             stream.schema.get_field_index("event_time"), "event_time", column
@@ -329,7 +330,7 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
     return input_dir, truth
 
 
-def _event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndarray) -> np.ndarray:
+def event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndarray) -> np.ndarray:
     """The event time of rows sent at these stream positions, with +-``jitter_s``."""
     jitter = rng.uniform(-spec.jitter_s, spec.jitter_s, len(positions)) * MICROS_PER_SECOND
     spacing = MICROS_PER_SECOND / spec.rows_per_second
@@ -555,6 +556,45 @@ class TreeSampler:
         return sum(self._cpu.values())
 
 
+# The roles of the daemon that runs tasks (pyspark.worker) and of the workers it forks.
+TASK_ROLE = SPARK_PYTHON_JOBS["pyspark.worker"] + " "
+
+
+class ExecutorSampler(TreeSampler):
+    """A TreeSampler that also keeps the peak of the executor-side Python processes (every
+    Python process but the driver's): their summed PSS, their roles at that peak, the largest
+    single one and the most alive at once; and the peak of the tasks' processes alone (the
+    daemon that runs tasks and the workers it forks)."""
+
+    def __init__(self, pss_every: int) -> None:
+        super().__init__(pss_every=pss_every)
+        self.peak_executor = 0
+        self.peak_executor_roles: list[tuple[str, int]] = []
+        self.largest_executor = 0
+        self.most_executors = 0
+        self.peak_tasks = 0
+
+    def _keep_pss(self, roles: list[tuple[str, int]]) -> None:
+        super()._keep_pss(roles)
+        executors = self.executor_roles(roles)
+        total = sum(size for _, size in executors)
+        if total > self.peak_executor:
+            self.peak_executor, self.peak_executor_roles = total, executors
+        self.largest_executor = max([self.largest_executor, *(size for _, size in executors)])
+        self.most_executors = max(self.most_executors, len(executors))
+        tasks = sum(size for role, size in executors if role.startswith(TASK_ROLE))
+        self.peak_tasks = max(self.peak_tasks, tasks)
+
+    @staticmethod
+    def executor_roles(roles: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """A sample's executor-side Python processes: every Python process but the driver's."""
+        return [
+            (role, size)
+            for role, size in roles
+            if role != DRIVER_ROLE and python_count([(role, size)])
+        ]
+
+
 class WorkerPeaks:
     """The peak resident set (``VmHWM``) of every Python process below a root, sampled while
     they live (a worker's peak is lost once it exits)."""
@@ -742,11 +782,22 @@ def median(values: list[float]) -> float:
     return float(np.median(np.array(values, dtype=np.float64))) if values else float("nan")
 
 
-def python_floor_source() -> Any:
-    """A Python sink that writes each task's Arrow batches to one Parquet file with dedupsink's
-    Parquet settings and commits nothing: what the Python transport alone costs, for
-    ``df.write`` and ``df.writeStream`` alike. Defined here, so Spark pickles the classes by
-    value to its workers."""
+# The bare Python sink's format name, and the name it had before (older commands keep working).
+BARE_SINK = "python-bare"
+VARIANT_ALIASES = {"python-floor": BARE_SINK}
+
+
+def variant_names(text: str) -> list[str]:
+    """Comma-separated variant names, an old name replaced by its current one."""
+    return [VARIANT_ALIASES.get(name, name) for name in text.split(",") if name]
+
+
+def python_bare_source() -> Any:
+    """The bare Python sink: it writes each task's Arrow batches once, to one Parquet file with
+    dedupsink's Parquet settings, and commits nothing (no deduplication, no exactly-once): the
+    ceiling of any Python sink, what Spark's Python transport alone costs, for ``df.write`` and
+    ``df.writeStream`` alike. Defined here, so Spark pickles the classes by value to its
+    workers."""
     import uuid
 
     from pyspark import TaskContext
@@ -799,7 +850,7 @@ def python_floor_source() -> Any:
     class ArrowCopySource(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "python-floor"
+            return BARE_SINK
 
         def streamWriter(self, schema: Any, overwrite: bool) -> ArrowCopyStreamWriter:
             return ArrowCopyStreamWriter(self.options["path"])
@@ -830,12 +881,18 @@ RESULT_PREFIX = "RESULT "
 
 
 def run_child(
-    script: str, name: str, options: list[str], runs: Path, keep: bool = False
+    script: str,
+    name: str,
+    options: list[str],
+    runs: Path,
+    keep: bool = False,
+    echo: bool = False,
 ) -> dict[str, Any]:
     """Run ``script`` in a fresh Python process with ``options`` and ``--work``, a folder of
     its own under ``runs`` that is also its working directory (removed after, unless
     ``keep``), and return the record it prints; a child that fails or prints none stops the
-    benchmark with its output."""
+    benchmark with its output. With ``echo`` the child's other output lines are printed as
+    they come (a long run's progress)."""
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -845,18 +902,37 @@ def run_child(
     try:
         # In its own folder: Spark starts its Python workers in the driver's working directory,
         # and from a checkout they would import the checkout's dedupsink, not the installed one.
-        done = subprocess.run(
-            command, env=env, cwd=work, capture_output=True, text=True, check=False
-        )
+        returncode, stdout, stderr = _run_in(command, env, work, echo)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(
-            f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-        )
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if returncode != 0 or not lines:
+        raise SystemExit(f"{name} failed ({returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def _run_in(command: list[str], env: dict[str, str], cwd: Path, echo: bool) -> tuple[int, str, str]:
+    """(return code, stdout, stderr) of ``command``; with ``echo``, stdout's lines other than
+    the record are printed as they come (stderr goes to a file meanwhile: a pipe nobody reads
+    would fill and stall the child)."""
+    if not echo:
+        done = subprocess.run(
+            command, env=env, cwd=cwd, capture_output=True, text=True, check=False
+        )
+        return done.returncode, done.stdout, done.stderr
+    lines = []
+    with tempfile.TemporaryFile("w+") as errors:
+        with subprocess.Popen(
+            command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=errors, text=True
+        ) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                if not line.startswith(RESULT_PREFIX):
+                    print(line, end="", flush=True)
+        errors.seek(0)
+        return process.returncode, "".join(lines), errors.read()
 
 
 def run_main(
