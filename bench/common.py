@@ -9,6 +9,8 @@
   through psutil — the sum over a process and all its descendants (a Spark driver's JVM and its
   Python workers), sampled a few times a second, and the kernel's own high-water mark ``VmHWM``
   of one process.
+* A long stream of keys (``KeyStreamSpec``, ``generate_key_stream``): the same rows, file by
+  file from a per-file seed, cached and extended as longer runs need.
 * Machine facts (``machine_facts``, ``load_average``): for the results file.
 """
 
@@ -335,6 +337,103 @@ def event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndarr
     jitter = rng.uniform(-spec.jitter_s, spec.jitter_s, len(positions)) * MICROS_PER_SECOND
     spacing = MICROS_PER_SECOND / spec.rows_per_second
     return (EPOCH_2024_US + (positions * spacing + jitter)).astype(np.int64)
+
+
+# -- a long stream of keys, file by file --------------------------------------------------------
+
+# Every file of a key stream gets this modification time + its index: Spark's file source takes
+# the oldest files first, whatever links to them.
+KEY_STREAM_MTIME = 1_767_225_600  # 2026-01-01
+
+
+@dataclass(frozen=True)
+class KeyStreamSpec:
+    """A stream of ``rows_per_file``-row Parquet files, each generated on its own from
+    ``(seed, index)``, so any run reads the first N files and a longer run extends the files a
+    shorter one left: compare.py's row shape (``event_columns``) at ``rows_per_second`` of event
+    time, ``resend_fraction`` of each file exact re-sends of a row up to ``resend_within`` rows
+    earlier in the same file (so a file's unique rows are known without reading the others)."""
+
+    rows_per_file: int = 500_000
+    rows_per_second: float = 185.0
+    resend_fraction: float = 0.10
+    resend_within: int = 5_000
+    seed: int = 20261129
+
+    @property
+    def folder(self) -> Path:
+        return DATA_DIR / (
+            f"keys-b{self.rows_per_file}-s{self.seed}-d{self.resend_fraction:g}"
+            f"-w{self.resend_within}-e{self.rows_per_second:g}"
+        )
+
+    def originals_per_file(self) -> int:
+        return self.rows_per_file - round(self.rows_per_file * self.resend_fraction)
+
+    def file(self, index: int) -> Path:
+        return self.folder / f"part-{index:06d}.parquet"
+
+
+def key_stream_file(spec: KeyStreamSpec, index: int) -> pa.Table:
+    """File ``index`` of the key stream: its originals' ids are fresh UUIDs and their event
+    times continue the previous file's."""
+    rng = np.random.default_rng([spec.seed, index])
+    shape = CompareSpec(
+        rows=spec.rows_per_file,
+        rows_per_second=spec.rows_per_second,
+        resend_fraction=spec.resend_fraction,
+        resend_within=spec.resend_within,
+        late_fraction=0.0,
+    )
+    source, kind, _ = plan_rows(shape, rng)
+    offset = index * spec.originals_per_file()
+    originals = np.flatnonzero(kind == 0)
+    times = event_times(shape, rng, offset + np.arange(len(originals)))
+    return event_columns(rng, times).take(pa.array(source))
+
+
+def generate_key_stream(spec: KeyStreamSpec, files: int) -> list[Path]:
+    """The first ``files`` files of the key stream, generating those not yet cached (each is
+    written under a temporary name and renamed, so a file present is complete)."""
+    spec.folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index in range(files):
+        target = spec.file(index)
+        if not target.exists():
+            partial = target.with_suffix(".partial")
+            pq.write_table(key_stream_file(spec, index), partial)
+            os.utime(partial, (KEY_STREAM_MTIME + index, KEY_STREAM_MTIME + index))
+            partial.rename(target)
+        paths.append(target)
+    return paths
+
+
+def link_files(files: list[Path], folder: Path) -> None:
+    """Hard links to ``files`` in ``folder``: a run's own input folder without copying."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        link = folder / path.name
+        if not link.exists():
+            os.link(path, link)
+
+
+def drop_from_page_cache(folder: Path) -> tuple[int, int]:
+    """Drop every file under ``folder`` from the OS page cache (they stay on disk); returns
+    (files, bytes). Per file (``posix_fadvise``), unlike writing ``/proc/sys/vm/drop_caches``,
+    which would empty the cache of everything else running on a shared machine."""
+    files = size = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(descriptor)
+                os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+                size += os.fstat(descriptor).st_size
+                files += 1
+            finally:
+                os.close(descriptor)
+    return files, size
 
 
 # -- Spark ----------------------------------------------------------------------------------
