@@ -652,7 +652,8 @@ class TreeSampler:
 
         A process that ended between two samples loses its CPU after its last sample.
         """
-        return sum(self._cpu.values())
+        # A copy first: the sampling thread may add a process meanwhile.
+        return sum(list(self._cpu.values()))
 
 
 # The roles of the daemon that runs tasks (pyspark.worker) and of the workers it forks.

@@ -24,7 +24,9 @@ which would empty the cache of everything else on a shared machine), the last fi
 the input and the query restarts on the same checkpoint and output in a second fresh process,
 with a new, empty ``stateCacheDir``: its one batch loads the state it needs from the store.
 
-Printed per batch: Spark's ``triggerExecution`` milliseconds, the keys the store remembers
+Printed per batch: Spark's ``triggerExecution`` milliseconds, the CPU seconds of the whole
+process tree (JVM included; on a shared machine steadier than wall time), the 1-minute load
+average at its end, the keys the store remembers
 after it and the segment bytes its tasks read from the store (the store history's
 ``keys_remembered`` and ``state_fetched_bytes``), and the executors' Python PSS: the peak,
 sampled every second during the batch, of the summed PSS of every Python process but the
@@ -37,9 +39,10 @@ what missed the page cache).
 The ratio: ``per_batch_at_5M_keys_ms`` is the median ``triggerExecution`` of the five batches
 centred on the first whose keys remembered reach ``--reference-keys`` (5,000,000),
 ``per_batch_at_end_ms`` the median of the stream's last five batches (the restart's excluded),
-``ratio_end_vs_5M`` the second over the first (the target: at most 1.15). The last lines give
-the three per mode (``[basic]``, ``[time-buckets]``) and then, unbracketed, those of the mode
-with the larger ratio.
+``ratio_end_vs_5M`` the second over the first (the target: at most 1.15);
+``cpu_ratio_end_vs_5M`` is the same ratio of the batches' CPU seconds. The last lines give them
+per mode (``[basic]``, ``[time-buckets]``) and then, unbracketed, the three of the mode with the
+larger ratio.
 
 ``--rows 100000000`` needs about 30 GB free under ``bench/.data`` (the input, one mode's output
 and its store at a time); the script estimates it from the first generated file and refuses a
@@ -140,6 +143,8 @@ def follow(query: Any, sampler: BatchSampler, started: float) -> list[dict[str, 
     returns one record a batch."""
     batches: list[dict[str, Any]] = []
     seen: set[int] = set()
+    sampler.sample()
+    cpu_before = [sampler.cpu_seconds()]
 
     def take_new() -> None:
         for report in query.recentProgress:
@@ -148,17 +153,22 @@ def follow(query: Any, sampler: BatchSampler, started: float) -> list[dict[str, 
                 continue
             seen.add(batch)
             sampler.sample(with_pss=True)
+            cpu = sampler.cpu_seconds()
             record = {
                 "batch": batch,
                 "rows": int(report["numInputRows"]),
                 "ms": int(report["durationMs"].get("triggerExecution", 0)),
+                "cpu_s": cpu - cpu_before[0],
+                "load": os.getloadavg()[0],
                 "since_start_s": time.perf_counter() - started,
                 "executor_pss": sampler.take_batch_peak(),
             }
+            cpu_before[0] = cpu
             batches.append(record)
             print(
-                f"  batch {batch:4d}: {record['ms']:6,} ms, executor Python PSS "
-                f"{record['executor_pss'] / MB:7,.1f} MB, load {os.getloadavg()[0]:.2f}",
+                f"  batch {batch:4d}: {record['ms']:6,} ms, CPU {record['cpu_s']:5.1f} s, "
+                f"executor Python PSS {record['executor_pss'] / MB:7,.1f} MB, "
+                f"load {record['load']:.2f}",
                 flush=True,
             )
 
@@ -179,7 +189,8 @@ def store_history(output: Path) -> dict[int, dict[str, Any]]:
 def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     """Stream the run folder's input into the sink (the phase's own state cache folder)."""
     run = Path(args.run_dir)
-    sampler = BatchSampler(pss_every=5).start()
+    sampler = BatchSampler(pss_every=5)
+    sampler.start()
     conf = {"spark.driver.memory": args.driver_memory}
     spark = (
         local_session_builder(f"bench-keys-at-scale-{args.one_mode}-{args.phase}", conf)
@@ -318,6 +329,10 @@ def summarise(result: dict[str, Any], reference_keys: int) -> dict[str, Any]:
         "end_executor_pss": median([b["executor_pss"] for b in batches[-REACH:]]),
     }
     summary["ratio"] = summary["at_end_ms"] / summary["at_reference_ms"]
+    if all("cpu_s" in b for b in batches):
+        summary["at_reference_cpu_s"] = median([b["cpu_s"] for b in around])
+        summary["at_end_cpu_s"] = median([b["cpu_s"] for b in batches[-REACH:]])
+        summary["cpu_ratio"] = summary["at_end_cpu_s"] / summary["at_reference_cpu_s"]
     return summary
 
 
@@ -336,16 +351,25 @@ def report_mode(result: dict[str, Any], summary: dict[str, Any], check: str) -> 
     mode = result["mode"]
     print()
     print(f"{mode}: {json.dumps(result['stream']['options'])}")
-    print(f"{'batch':>6}{'ms':>9}{'keys remembered':>17}{'executor Python PSS':>21}{'read':>12}")
+    print(
+        f"{'batch':>6}{'ms':>9}{'CPU s':>7}{'keys remembered':>17}{'executor Python PSS':>21}"
+        f"{'read':>12}{'load':>7}"
+    )
     rows = [*result["stream"]["batches"], *result["restart"]["batches"]]
     for index, record in enumerate(rows):
         restart = " (restart)" if index == len(result["stream"]["batches"]) else ""
+        cpu = f"{record['cpu_s']:.1f}" if "cpu_s" in record else "-"
+        load = f"{record['load']:.1f}" if "load" in record else "-"
         print(
-            f"{record['batch']:>6}{record['ms']:>9,}{record['keys_remembered']:>17,}"
+            f"{record['batch']:>6}{record['ms']:>9,}{cpu:>7}{record['keys_remembered']:>17,}"
             f"{record['executor_pss'] / MB:>18,.1f} MB"
-            f"{record['state_fetched_bytes'] / MB:>9,.1f} MB{restart}"
+            f"{record['state_fetched_bytes'] / MB:>9,.1f} MB{load:>7}{restart}"
         )
-    print("(read: segment bytes the batch's tasks read from the store)")
+    print(
+        "(CPU s: user + system CPU of the whole process tree during the batch, JVM included; "
+        "read: segment bytes the batch's tasks read from the store; load: the 1-minute load "
+        "average at the batch's end, on 2 cores)"
+    )
     print(
         f"{mode}: {summary['at_reference_ms']:,.0f} ms a batch at {summary['reference_keys']:,} "
         f"keys (batch {summary['reference_batch']}, median of {REACH}), "
@@ -354,6 +378,11 @@ def report_mode(result: dict[str, Any], summary: dict[str, Any], check: str) -> 
         f"{summary['peak_executor_pss'] / MB:,.1f} MB, {summary['end_executor_pss'] / MB:,.1f} "
         f"MB over the last {REACH} batches"
     )
+    if "cpu_ratio" in summary:
+        print(
+            f"{mode}: CPU a batch {summary['at_reference_cpu_s']:.1f} s at the reference, "
+            f"{summary['at_end_cpu_s']:.1f} s at the end: {summary['cpu_ratio']:.3f}x"
+        )
     print(
         f"{mode}: restart on a cold state folder: first batch {summary['restart_first_ms']:,} ms "
         f"({summary['restart_first_wall_s']:.1f} s from start() to its end), "
@@ -368,6 +397,8 @@ def print_ratios(summaries: dict[str, dict[str, Any]]) -> None:
     for mode, summary in summaries.items():
         print(f"per_batch_at_5M_keys_ms[{mode}]={summary['at_reference_ms']:.0f}")
         print(f"per_batch_at_end_ms[{mode}]={summary['at_end_ms']:.0f}")
+        if "cpu_ratio" in summary:
+            print(f"cpu_ratio_end_vs_5M[{mode}]={summary['cpu_ratio']:.3f}")
         print(f"ratio_end_vs_5M[{mode}]={summary['ratio']:.3f}")
     worst = max(summaries, key=lambda mode: summaries[mode]["ratio"])
     print(f"(unbracketed: {worst}, the larger ratio)")
