@@ -92,7 +92,7 @@ GB = 2**30
 # Each measure of a batch time is the median of this many batches (the host's speed drifts).
 REACH = 5
 # Disk a remembered key takes in the store and in each of the two state cache folders, about
-# (bench/RESULTS.md: ~20-40 bytes a key), with room to spare.
+# (bench/RESULTS.md: 29-45 bytes a key), with room to spare.
 STATE_BYTES_PER_KEY = 64
 DISK_MARGIN = 2 * GB
 
