@@ -39,12 +39,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    BARE_SINK,
     CompareSpec,
     WorkerPeaks,
     generate_compare_input,
     local_session_builder,
     print_machine,
-    python_floor_source,
+    python_bare_source,
+    variant_names,
 )
 
 RESULT = "RESULT "
@@ -56,14 +58,14 @@ def child(variant: str, input_dir: str, output: str, cache_memory: str) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = local_session_builder("bench-backfill", {"spark.driver.memory": "3g"}).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(python_floor_source())
+    spark.dataSource.register(python_bare_source())
     frame = spark.read.parquet(input_dir)
     partitions = frame.rdd.getNumPartitions()
     started = time.perf_counter()
     if variant == "parquet":
         frame.write.mode("overwrite").parquet(output)
-    elif variant == "python-floor":
-        frame.write.format("python-floor").mode("append").save(output)
+    elif variant == BARE_SINK:
+        frame.write.format(BARE_SINK).mode("append").save(output)
     else:
         (
             frame.write.format("dedup")
@@ -118,7 +120,7 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="parquet,dedupsink",
-        help="comma-separated; python-floor adds a Python sink that only copies its rows",
+        help="comma-separated; python-bare adds the bare Python sink (it only copies its rows)",
     )
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
@@ -135,7 +137,7 @@ def main() -> None:
     for number in range(args.repeats):
         results = {
             variant: launch(variant, input_dir, args.cache_memory)
-            for variant in args.variants.split(",")
+            for variant in variant_names(args.variants)
         }
         rounds.append(results)
         for variant, record in results.items():
@@ -152,7 +154,7 @@ def main() -> None:
             else f"WRONG (truth: unique {truth['unique_ids']:,}, duplicate {truth['resends']:,})"
         )
         print(f"        dedupsink ports {ports}: {verdict}")
-    for baseline in ("parquet", "python-floor"):
+    for baseline in ("parquet", BARE_SINK):
         if baseline in rounds[0] and "dedupsink" in rounds[0]:
             ratios = [r[baseline]["seconds"] / r["dedupsink"]["seconds"] for r in rounds]
             print(f"ratio_vs_{baseline.replace('-', '_')}={statistics.median(ratios):.3f}")

@@ -5,9 +5,12 @@
   over rows). Re-sends are copies of earlier rows, exact or (``resend_times="later"``) stamped
   with their own later send time, so the generator knows the truth: the first copy of each id
   is its unique row.
-* Memory (``TreeSampler``, ``WorkerPeaks``, ``vm_hwm``): resident set sizes through psutil —
-  the sum over a process and all its descendants (a Spark driver's JVM and its Python workers),
-  sampled a few times a second, and the kernel's own high-water mark ``VmHWM`` of one process.
+* Memory (``TreeSampler``, ``ExecutorSampler``, ``WorkerPeaks``, ``vm_hwm``): resident set sizes
+  through psutil — the sum over a process and all its descendants (a Spark driver's JVM and its
+  Python workers), sampled a few times a second, and the kernel's own high-water mark ``VmHWM``
+  of one process.
+* A long stream of keys (``KeyStreamSpec``, ``generate_key_stream``): the same rows, file by
+  file from a per-file seed, cached and extended as longer runs need.
 * Machine facts (``machine_facts``, ``load_average``): for the results file.
 """
 
@@ -288,14 +291,14 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
     rng = np.random.default_rng(spec.seed)
     source, kind, counts = plan_rows(spec, rng)
     orig_pos = np.flatnonzero(kind == 0)
-    times = _event_times(spec, rng, orig_pos)
+    times = event_times(spec, rng, orig_pos)
     originals = event_columns(rng, times)
     stream = originals.take(pa.array(source))
     first_copy = kind == 0
     stream_times = times[source]
     if spec.resend_times == "later":
         resend_pos = np.flatnonzero(kind == 1)
-        stream_times[resend_pos] = _event_times(spec, rng, resend_pos)
+        stream_times[resend_pos] = event_times(spec, rng, resend_pos)
         column = pa.array(stream_times, type=stream.schema.field("event_time").type)
         stream = stream.set_column(
             stream.schema.get_field_index("event_time"), "event_time", column
@@ -329,11 +332,108 @@ def generate_compare_input(spec: CompareSpec, window_files: int) -> tuple[Path, 
     return input_dir, truth
 
 
-def _event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndarray) -> np.ndarray:
+def event_times(spec: CompareSpec, rng: np.random.Generator, positions: np.ndarray) -> np.ndarray:
     """The event time of rows sent at these stream positions, with +-``jitter_s``."""
     jitter = rng.uniform(-spec.jitter_s, spec.jitter_s, len(positions)) * MICROS_PER_SECOND
     spacing = MICROS_PER_SECOND / spec.rows_per_second
     return (EPOCH_2024_US + (positions * spacing + jitter)).astype(np.int64)
+
+
+# -- a long stream of keys, file by file --------------------------------------------------------
+
+# Every file of a key stream gets this modification time + its index: Spark's file source takes
+# the oldest files first, whatever links to them.
+KEY_STREAM_MTIME = 1_767_225_600  # 2026-01-01
+
+
+@dataclass(frozen=True)
+class KeyStreamSpec:
+    """A stream of ``rows_per_file``-row Parquet files, each generated on its own from
+    ``(seed, index)``, so any run reads the first N files and a longer run extends the files a
+    shorter one left: compare.py's row shape (``event_columns``) at ``rows_per_second`` of event
+    time, ``resend_fraction`` of each file exact re-sends of a row up to ``resend_within`` rows
+    earlier in the same file (so a file's unique rows are known without reading the others)."""
+
+    rows_per_file: int = 500_000
+    rows_per_second: float = 185.0
+    resend_fraction: float = 0.10
+    resend_within: int = 5_000
+    seed: int = 20261129
+
+    @property
+    def folder(self) -> Path:
+        return DATA_DIR / (
+            f"keys-b{self.rows_per_file}-s{self.seed}-d{self.resend_fraction:g}"
+            f"-w{self.resend_within}-e{self.rows_per_second:g}"
+        )
+
+    def originals_per_file(self) -> int:
+        return self.rows_per_file - round(self.rows_per_file * self.resend_fraction)
+
+    def file(self, index: int) -> Path:
+        return self.folder / f"part-{index:06d}.parquet"
+
+
+def key_stream_file(spec: KeyStreamSpec, index: int) -> pa.Table:
+    """File ``index`` of the key stream: its originals' ids are fresh UUIDs and their event
+    times continue the previous file's."""
+    rng = np.random.default_rng([spec.seed, index])
+    shape = CompareSpec(
+        rows=spec.rows_per_file,
+        rows_per_second=spec.rows_per_second,
+        resend_fraction=spec.resend_fraction,
+        resend_within=spec.resend_within,
+        late_fraction=0.0,
+    )
+    source, kind, _ = plan_rows(shape, rng)
+    offset = index * spec.originals_per_file()
+    originals = np.flatnonzero(kind == 0)
+    times = event_times(shape, rng, offset + np.arange(len(originals)))
+    return event_columns(rng, times).take(pa.array(source))
+
+
+def generate_key_stream(spec: KeyStreamSpec, files: int) -> list[Path]:
+    """The first ``files`` files of the key stream, generating those not yet cached (each is
+    written under a temporary name and renamed, so a file present is complete)."""
+    spec.folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index in range(files):
+        target = spec.file(index)
+        if not target.exists():
+            partial = target.with_suffix(".partial")
+            pq.write_table(key_stream_file(spec, index), partial)
+            os.utime(partial, (KEY_STREAM_MTIME + index, KEY_STREAM_MTIME + index))
+            partial.rename(target)
+        paths.append(target)
+    return paths
+
+
+def link_files(files: list[Path], folder: Path) -> None:
+    """Hard links to ``files`` in ``folder``: a run's own input folder without copying."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        link = folder / path.name
+        if not link.exists():
+            os.link(path, link)
+
+
+def drop_from_page_cache(folder: Path) -> tuple[int, int]:
+    """Drop every file under ``folder`` from the OS page cache (they stay on disk); returns
+    (files, bytes). Per file (``posix_fadvise``), unlike writing ``/proc/sys/vm/drop_caches``,
+    which would empty the cache of everything else running on a shared machine."""
+    files = size = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(descriptor)
+                os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+                size += os.fstat(descriptor).st_size
+                files += 1
+            finally:
+                os.close(descriptor)
+    return files, size
 
 
 # -- Spark ----------------------------------------------------------------------------------
@@ -552,7 +652,47 @@ class TreeSampler:
 
         A process that ended between two samples loses its CPU after its last sample.
         """
-        return sum(self._cpu.values())
+        # A copy first: the sampling thread may add a process meanwhile.
+        return sum(list(self._cpu.values()))
+
+
+# The roles of the daemon that runs tasks (pyspark.worker) and of the workers it forks.
+TASK_ROLE = SPARK_PYTHON_JOBS["pyspark.worker"] + " "
+
+
+class ExecutorSampler(TreeSampler):
+    """A TreeSampler that also keeps the peak of the executor-side Python processes (every
+    Python process but the driver's): their summed PSS, their roles at that peak, the largest
+    single one and the most alive at once; and the peak of the tasks' processes alone (the
+    daemon that runs tasks and the workers it forks)."""
+
+    def __init__(self, pss_every: int) -> None:
+        super().__init__(pss_every=pss_every)
+        self.peak_executor = 0
+        self.peak_executor_roles: list[tuple[str, int]] = []
+        self.largest_executor = 0
+        self.most_executors = 0
+        self.peak_tasks = 0
+
+    def _keep_pss(self, roles: list[tuple[str, int]]) -> None:
+        super()._keep_pss(roles)
+        executors = self.executor_roles(roles)
+        total = sum(size for _, size in executors)
+        if total > self.peak_executor:
+            self.peak_executor, self.peak_executor_roles = total, executors
+        self.largest_executor = max([self.largest_executor, *(size for _, size in executors)])
+        self.most_executors = max(self.most_executors, len(executors))
+        tasks = sum(size for role, size in executors if role.startswith(TASK_ROLE))
+        self.peak_tasks = max(self.peak_tasks, tasks)
+
+    @staticmethod
+    def executor_roles(roles: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """A sample's executor-side Python processes: every Python process but the driver's."""
+        return [
+            (role, size)
+            for role, size in roles
+            if role != DRIVER_ROLE and python_count([(role, size)])
+        ]
 
 
 class WorkerPeaks:
@@ -742,11 +882,22 @@ def median(values: list[float]) -> float:
     return float(np.median(np.array(values, dtype=np.float64))) if values else float("nan")
 
 
-def python_floor_source() -> Any:
-    """A Python sink that writes each task's Arrow batches to one Parquet file with dedupsink's
-    Parquet settings and commits nothing: what the Python transport alone costs, for
-    ``df.write`` and ``df.writeStream`` alike. Defined here, so Spark pickles the classes by
-    value to its workers."""
+# The bare Python sink's format name, and the name it had before (older commands keep working).
+BARE_SINK = "python-bare"
+VARIANT_ALIASES = {"python-floor": BARE_SINK}
+
+
+def variant_names(text: str) -> list[str]:
+    """Comma-separated variant names, an old name replaced by its current one."""
+    return [VARIANT_ALIASES.get(name, name) for name in text.split(",") if name]
+
+
+def python_bare_source() -> Any:
+    """The bare Python sink: it writes each task's Arrow batches once, to one Parquet file with
+    dedupsink's Parquet settings, and commits nothing (no deduplication, no exactly-once): the
+    ceiling of any Python sink, what Spark's Python transport alone costs, for ``df.write`` and
+    ``df.writeStream`` alike. Defined here, so Spark pickles the classes by value to its
+    workers."""
     import uuid
 
     from pyspark import TaskContext
@@ -799,7 +950,7 @@ def python_floor_source() -> Any:
     class ArrowCopySource(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "python-floor"
+            return BARE_SINK
 
         def streamWriter(self, schema: Any, overwrite: bool) -> ArrowCopyStreamWriter:
             return ArrowCopyStreamWriter(self.options["path"])
@@ -830,12 +981,18 @@ RESULT_PREFIX = "RESULT "
 
 
 def run_child(
-    script: str, name: str, options: list[str], runs: Path, keep: bool = False
+    script: str,
+    name: str,
+    options: list[str],
+    runs: Path,
+    keep: bool = False,
+    echo: bool = False,
 ) -> dict[str, Any]:
     """Run ``script`` in a fresh Python process with ``options`` and ``--work``, a folder of
     its own under ``runs`` that is also its working directory (removed after, unless
     ``keep``), and return the record it prints; a child that fails or prints none stops the
-    benchmark with its output."""
+    benchmark with its output. With ``echo`` the child's other output lines are printed as
+    they come (a long run's progress)."""
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -845,18 +1002,37 @@ def run_child(
     try:
         # In its own folder: Spark starts its Python workers in the driver's working directory,
         # and from a checkout they would import the checkout's dedupsink, not the installed one.
-        done = subprocess.run(
-            command, env=env, cwd=work, capture_output=True, text=True, check=False
-        )
+        returncode, stdout, stderr = _run_in(command, env, work, echo)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(
-            f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-        )
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if returncode != 0 or not lines:
+        raise SystemExit(f"{name} failed ({returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def _run_in(command: list[str], env: dict[str, str], cwd: Path, echo: bool) -> tuple[int, str, str]:
+    """(return code, stdout, stderr) of ``command``; with ``echo``, stdout's lines other than
+    the record are printed as they come (stderr goes to a file meanwhile: a pipe nobody reads
+    would fill and stall the child)."""
+    if not echo:
+        done = subprocess.run(
+            command, env=env, cwd=cwd, capture_output=True, text=True, check=False
+        )
+        return done.returncode, done.stdout, done.stderr
+    lines = []
+    with tempfile.TemporaryFile("w+") as errors:
+        with subprocess.Popen(
+            command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=errors, text=True
+        ) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                if not line.startswith(RESULT_PREFIX):
+                    print(line, end="", flush=True)
+        errors.seek(0)
+        return process.returncode, "".join(lines), errors.read()
 
 
 def run_main(

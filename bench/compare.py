@@ -1,4 +1,4 @@
-"""End-to-end comparison: the dedup sink against Spark's own streaming deduplication.
+"""End-to-end comparison: the dedup sink against Spark's deduplication and the bare Python sink.
 
 Input (generated once, seeded, cached under ``bench/.data/``): 2,000,000 rows in 40 Parquet
 files with columns ``id`` (36-character UUID), ``event_time`` (about 185 rows per second of
@@ -11,12 +11,18 @@ Each variant streams the same input with Spark ``local[2]``, ``spark.sql.shuffle
 ``maxFilesPerTrigger=2`` (20 micro-batches of 100,000 rows) and ``trigger(availableNow=True)``:
 
 * ``floor``: straight to Spark's Parquet file sink, no deduplication (the cost of the stream);
+* ``python-bare`` (formerly ``python-floor``, a name still accepted): the bare Python sink,
+  ``common.python_bare_source``: each task's Arrow batches written once to a Parquet file, no
+  deduplication, no exactly-once, nothing committed; the ceiling of any Python sink, what
+  Spark's Python data source transport alone costs;
 * ``spark-dropdup-rocksdb``: ``withWatermark("event_time", "1 hour")
   .dropDuplicates(["id", "event_time"])`` into the Parquet sink, RocksDB state store;
 * ``spark-within-watermark-rocksdb``: ``withWatermark("event_time", "1 hour")
   .dropDuplicatesWithinWatermark(["id"])``, RocksDB;
 * ``dedupsink``: ``format("dedup")`` with ``keys=id``, ``expiryKey=event_time``,
   ``expiryPeriod=1 hour``;
+* ``dedupsink-delta``: the same with ``outputFormat=delta``, its four ports Delta Lake tables
+  (delta-rs: ``pip install 'dedupsink[delta]'``);
 * ``dedupsink-own-time``: the same with ``assumeSameExpiry=false`` and ``expiryPeriod=2 hours``,
   which remembers each id as long as ``spark-within-watermark-rocksdb`` does (Spark keeps a key
   until its event time + the 1-hour delay falls behind the watermark, itself an hour behind the
@@ -60,10 +66,28 @@ installed wheel has them. Measured per run:
 * Spark's per-phase durations (``addBatch``, ``walCommit``, ...) summed over the batches;
 * correctness: the rows of the deduplicated output (dedupsink: each port) against the truth.
 
-The table shows medians over the repeats; ``--json FILE`` also saves every run's record. The
-last two lines are machine-readable: ``ratio_vs_spark_within_watermark=<x>`` and
+The batch table (Markdown, the issue's columns; medians over the repeats) has per variant:
+
+* rows/s: as above, the whole stream, first batch included;
+* steady rows/s: the rows of batches 2..n over the sum of their ``triggerExecution`` (Spark's
+  progress reports): the rate once every process the stream needs is running;
+* first batch: the first batch's ``triggerExecution``, in seconds (it carries the start of
+  every Python process Spark runs for a Python sink);
+* median and p95 ms a batch: of the ``triggerExecution`` of batches 2..n.
+
+The other tables show medians over the repeats too; ``--json FILE`` also saves every run's
+record. The last lines are machine-readable: ``ratio_vs_spark_within_watermark=<x>`` and
 ``ratio_vs_floor=<x>``, each the median over the repeats of dedupsink rows/s / that variant's
-rows/s within the same round (the line before them gives the same ratios per CPU-second).
+rows/s within the same round (the line before them gives the same ratios per CPU-second),
+``peak_tree_pss_vs_floor=<x>``, then against the bare Python sink, each the median over the
+rounds of the round's ratio: ``first_batch_vs_bare_s`` (the first batch's seconds minus the bare
+sink's), ``steady_ratio_vs_bare`` (steady rows/s over the bare sink's) and ``ratio_vs_bare``
+(rows/s over the bare sink's), bracketed (``ratio_vs_bare[dedupsink-delta]=<x>``) for every
+other variant, unbracketed for ``dedupsink``, last.
+
+``--small`` is the per-window floor: 50,000 rows in 50 files, one file a batch
+(``maxFilesPerTrigger=1``), so 50 batches of 1,000 rows, where the per-batch cost of each
+variant is most of its time (it sets ``--rows``, ``--files`` and ``--files-per-trigger``).
 
 ``--profile`` runs the dedupsink variant's own code instead, in this process and without Spark,
 under pyinstrument: every input file is one task (``run_task`` over 10,000-row Arrow batches, as
@@ -71,9 +95,11 @@ Spark hands them; the Parquet files are read before the clock starts), ``--files
 tasks make a window, whose ``commit_window`` follows; it prints the time split and the profile.
 
 Usage: ``python bench/compare.py [--rows N] [--files N] [--repeats N] [--variants a,b]
-[--resend-times same|later]``; ``--rows 200000 --files 8 --repeats 1`` is a quick check (the
-event-time span stays three hours whatever the row count, so expiry still evicts and very late
-rows still exist).
+[--resend-times same|later] [--small]``; by default ``floor``, ``python-bare``, ``dedupsink``,
+``dedupsink-delta`` and ``spark-within-watermark-rocksdb`` (the issue's table; with
+``--resend-times later`` as said above). ``--rows 200000 --files 8 --repeats 1`` is a quick
+check (the event-time span stays three hours whatever the row count, so expiry still evicts and
+very late rows still exist).
 """
 
 from __future__ import annotations
@@ -88,12 +114,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    BARE_SINK,
     DATA_DIR,
     OWN_TIME_PERIOD_S,
     PERIOD_S,
@@ -108,28 +136,47 @@ from common import (
     local_session_builder,
     median,
     print_machine,
+    python_bare_source,
     python_count,
-    python_floor_source,
     run_child,
     run_main,
     time_stream,
+    variant_names,
 )
 
 VARIANTS = (
     "floor",
+    BARE_SINK,
     "spark-dropdup-rocksdb",
     "spark-within-watermark-rocksdb",
     "dedupsink",
+    "dedupsink-delta",
     "dedupsink-own-time",
 )
 # What runs by default on each shape of data (--resend-times).
 DEFAULT_VARIANTS = {
-    "same": ("floor", "spark-dropdup-rocksdb", "spark-within-watermark-rocksdb", "dedupsink"),
+    "same": (
+        "floor",
+        BARE_SINK,
+        "dedupsink",
+        "dedupsink-delta",
+        "spark-within-watermark-rocksdb",
+    ),
     "later": ("floor", "spark-within-watermark-rocksdb", "dedupsink-own-time"),
 }
+# The variants whose output is every input row (no deduplication).
+COPY_VARIANTS = ("floor", BARE_SINK)
+# --small: the per-window floor, 50 batches of 1,000 rows (one file a batch).
+SMALL = {"rows": 50_000, "files": 50, "files_per_trigger": 1}
 WATERMARK = f"{PERIOD_S // 3600} hour"
 SINK_OPTIONS = {
     "dedupsink": {"keys": "id", "expiryKey": "event_time", "expiryPeriod": WATERMARK},
+    "dedupsink-delta": {
+        "keys": "id",
+        "expiryKey": "event_time",
+        "expiryPeriod": WATERMARK,
+        "outputFormat": "delta",
+    },
     "dedupsink-own-time": {
         "keys": "id",
         "expiryKey": "event_time",
@@ -137,9 +184,6 @@ SINK_OPTIONS = {
         "assumeSameExpiry": "false",
     },
 }
-# Not part of the default run: Spark's Python data source transport with no deduplication,
-# the ceiling of any Python sink (--variants ...,python-floor).
-REFERENCE_VARIANTS = ("python-floor",)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PORTS = ("unique", "duplicate", "expired", "error")
 
@@ -168,8 +212,8 @@ def run_variant(
     # Registering a Python data source makes Spark discover the installed ones (a Python process
     # importing every pyspark_* module, ~0.9 s once a session). Doing it here, outside the
     # clock, in every variant keeps that one-time cost out of every variant's rows/s alike;
-    # before, python-floor paid it outside the clock and dedupsink inside (at start()).
-    spark.dataSource.register(python_floor_source())
+    # before, the bare sink paid it outside the clock and dedupsink inside (at start()).
+    spark.dataSource.register(python_bare_source())
     output, checkpoint = work / "out", work / "checkpoint"
     frame = (
         spark.readStream.schema(schema)
@@ -180,8 +224,8 @@ def run_variant(
         frame = frame.withWatermark("event_time", WATERMARK).dropDuplicates(["id", "event_time"])
     elif variant == "spark-within-watermark-rocksdb":
         frame = frame.withWatermark("event_time", WATERMARK).dropDuplicatesWithinWatermark(["id"])
-    if variant == "python-floor":
-        writer = frame.writeStream.format("python-floor").option("path", str(output))
+    if variant == BARE_SINK:
+        writer = frame.writeStream.format(BARE_SINK).option("path", str(output))
     elif variant in SINK_OPTIONS:
         writer = frame.writeStream.format("dedup").options(**SINK_OPTIONS[variant])
         writer = writer.option("path", str(output))
@@ -206,6 +250,7 @@ def run_variant(
         "batches": len(progress),
         "duration_ms": progress_durations(query.recentProgress),
         "batch_ms": [int(p.get("durationMs", {}).get("triggerExecution", 0)) for p in progress],
+        "batch_rows": [int(p["numInputRows"]) for p in progress],
     }
     if variant in SINK_OPTIONS:
         record |= dedupsink_measures(output)
@@ -226,8 +271,16 @@ def progress_durations(progress: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def distinct_ids(path: Path) -> tuple[int, int]:
-    """(rows, distinct ids) of a Parquet directory, read with pyarrow."""
-    table = ds.dataset(str(path), format="parquet").to_table(columns=["id"])
+    """(rows, distinct ids) of a Parquet directory (read with pyarrow) or a Delta table (with
+    delta-rs: the files of its current version); (0, 0) for a port never written."""
+    if (path / "_delta_log").is_dir():
+        from deltalake import DeltaTable
+
+        table = DeltaTable(str(path)).to_pyarrow_table(columns=["id"])
+    elif path.exists():
+        table = ds.dataset(str(path), format="parquet").to_table(columns=["id"])
+    else:
+        return 0, 0
     return table.num_rows, pc.count_distinct(table["id"]).as_py()
 
 
@@ -335,7 +388,7 @@ def launch(variant: str, input_dir: Path, args: argparse.Namespace) -> dict[str,
 def check(record: dict[str, Any], truth: dict[str, Any]) -> str:
     """One line: does the variant's output agree with the generator's truth?"""
     unique_truth = truth["unique_ids"]
-    if record["variant"] in ("floor", "python-floor"):
+    if record["variant"] in COPY_VARIANTS:
         ok = record["out_rows"] == truth["rows"]
         return f"{'ok' if ok else 'MISMATCH'}: {record['out_rows']:,} rows out of {truth['rows']:,}"
     base = (
@@ -361,7 +414,9 @@ def check(record: dict[str, Any], truth: dict[str, Any]) -> str:
     return f"{'ok' if ok else 'MISMATCH'}: {base}; {dropped:,} rows dropped as late by watermark"
 
 
-def report(results: dict[str, list[dict[str, Any]]], truth: dict[str, Any], rows: int) -> None:
+def report(
+    results: dict[str, list[dict[str, Any]]], truth: dict[str, Any], rows: int, batches: str
+) -> None:
     print()
     header = (
         f"{'variant':<32}{'rows/s (median)':>16}{'runs rows/s':>28}{'CPU s':>8}{'state B/key':>13}"
@@ -426,6 +481,8 @@ def report(results: dict[str, list[dict[str, Any]]], truth: dict[str, Any], rows
         print(f"  {variant}: " + ", ".join(shown))
     print()
     print_first_batch_split(results)
+    print()
+    print_batch_table(results, batches)
     print()
     print("correctness (every run):")
     for variant, records in results.items():
@@ -497,6 +554,82 @@ def print_first_batch_split(results: dict[str, list[dict[str, Any]]]) -> None:
         )
 
 
+def batch_figures(record: dict[str, Any]) -> dict[str, float]:
+    """One run's figures of the batch table: rows/s over the whole stream, steady rows/s (the
+    rows of batches 2..n over their summed ``triggerExecution``), the first batch in seconds,
+    and the median and p95 milliseconds of batches 2..n."""
+    rows, times = record["batch_rows"], record["batch_ms"]
+    rest_ms = times[1:] or times
+    rest_rows = rows[1:] or rows
+    return {
+        "rows_per_s": sum(rows) / record["seconds"],
+        "steady_rows_per_s": sum(rest_rows) / (sum(rest_ms) / 1000),
+        "first_batch_s": times[0] / 1000,
+        "median_ms": float(np.median(rest_ms)),
+        "p95_ms": float(np.percentile(rest_ms, 95)),
+    }
+
+
+BATCH_COLUMNS = (
+    ("rows/s", "rows_per_s", "{:,.0f}"),
+    ("steady rows/s", "steady_rows_per_s", "{:,.0f}"),
+    ("first batch", "first_batch_s", "{:.1f} s"),
+    ("median ms a batch", "median_ms", "{:,.0f}"),
+    ("p95 ms a batch", "p95_ms", "{:,.0f}"),
+)
+
+
+def print_batch_table(results: dict[str, list[dict[str, Any]]], batches: str) -> None:
+    """The batch table (a Markdown table; medians over the rounds) and each variant's ratios
+    to the bare Python sink."""
+    print(f"| {batches} | " + " | ".join(name for name, _, _ in BATCH_COLUMNS) + " |")
+    print("| --- |" + " ---: |" * len(BATCH_COLUMNS))
+    for variant, records in results.items():
+        figures = [batch_figures(r) for r in records if r.get("batch_rows")]
+        if not figures:
+            continue
+        cells = [shape.format(median([f[key] for f in figures])) for _, key, shape in BATCH_COLUMNS]
+        print(f"| {variant} | " + " | ".join(cells) + " |")
+    print(
+        "(rows/s: input rows over the wall time from start() to the end of awaitTermination(); "
+        "steady rows/s: the rows of batches 2..n over their summed triggerExecution; first "
+        "batch: its triggerExecution; median and p95: of batches 2..n; medians over the rounds)"
+    )
+
+
+def bare_ratios(
+    results: dict[str, list[dict[str, Any]]], ours: str
+) -> tuple[float, float, float] | None:
+    """Median over the rounds of ``ours``' rows/s, steady rows/s and first batch over the bare
+    Python sink's in the same round."""
+    if ours not in results or BARE_SINK not in results:
+        return None
+    pairs = [
+        (batch_figures(mine), batch_figures(bare))
+        for mine, bare in zip(results[ours], results[BARE_SINK], strict=False)
+    ]
+    return (
+        median([mine["rows_per_s"] / bare["rows_per_s"] for mine, bare in pairs]),
+        median([mine["steady_rows_per_s"] / bare["steady_rows_per_s"] for mine, bare in pairs]),
+        median([mine["first_batch_s"] - bare["first_batch_s"] for mine, bare in pairs]),
+    )
+
+
+def print_bare_ratios(results: dict[str, list[dict[str, Any]]]) -> None:
+    """The machine-readable last lines: each variant against the bare Python sink (dedupsink
+    unbracketed)."""
+    others = [v for v in results if v != BARE_SINK and v != "dedupsink"]
+    for variant in [*others, "dedupsink"]:
+        found = bare_ratios(results, variant)
+        if found is None:
+            continue
+        rows, steady, first = found
+        label = "" if variant == "dedupsink" else f"[{variant}]"
+        print(f"first_batch_vs_bare_s{label}={first:+.1f}")
+        print(f"steady_ratio_vs_bare{label}={steady:.3f}")
+        print(f"ratio_vs_bare{label}={rows:.3f}")
+
+
 def ratio(
     results: dict[str, list[dict[str, Any]]],
     other: str,
@@ -529,7 +662,7 @@ def compile_bytecode() -> None:
 
     A source checkout run with ``PYTHONDONTWRITEBYTECODE`` set (as on some CI images) never
     caches bytecode, so every Python process Spark starts would compile the sink (and
-    ``python-floor``'s Parquet helper) from source, some 25 ms each."""
+    the bare sink's Parquet helper) from source, some 25 ms each."""
     import compileall
 
     import dedupsink
@@ -538,6 +671,9 @@ def compile_bytecode() -> None:
 
 
 def orchestrate(args: argparse.Namespace) -> None:
+    if args.small:
+        for name, value in SMALL.items():
+            setattr(args, name, value)
     print_machine()
     start_revision = code_revision()
     spec = CompareSpec(
@@ -566,11 +702,10 @@ def orchestrate(args: argparse.Namespace) -> None:
         f"({truth['window_rows']:,} rows) a micro-batch"
     )
     chosen = args.variants or ",".join(DEFAULT_VARIANTS[args.resend_times])
-    variants = [v for v in chosen.split(",") if v]
-    known = VARIANTS + REFERENCE_VARIANTS
-    unknown = set(variants) - set(known)
+    variants = variant_names(chosen)
+    unknown = set(variants) - set(VARIANTS)
     if unknown:
-        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(known)}")
+        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     compile_bytecode()
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     load = LoadSampler().start()
@@ -590,7 +725,9 @@ def orchestrate(args: argparse.Namespace) -> None:
     revision = code_revision()
     if revision != start_revision:
         print(f"WARNING: dedupsink changed during the runs: {start_revision} -> {revision}")
-    report(results, truth, args.rows)
+    window_rows = truth["window_rows"]
+    batches = f"{args.rows:,} rows, {-(-args.rows // window_rows)} batches of {window_rows:,}"
+    report(results, truth, args.rows, batches)
     print()
     print(load.summary())
     within = ratio(results, "spark-within-watermark-rocksdb")
@@ -618,9 +755,6 @@ def orchestrate(args: argparse.Namespace) -> None:
             f"of the process tree: {cpu_own_time:.3f})"
         )
         print(f"ratio_own_time_vs_spark_within_watermark={own_time:.3f}")
-    python_floor = ratio(results, "python-floor")
-    if python_floor is not None:
-        print(f"(dedupsink against python-floor, the Python transport alone: {python_floor:.3f})")
     if floor is not None:
         print(f"ratio_vs_floor={floor:.3f}")
     # ratio() divides the other's measure by ours: with the floor as "ours", dedupsink's peak
@@ -628,6 +762,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     pss_floor = ratio(results, "dedupsink", "peak_tree_pss", ours="floor")
     if pss_floor is not None:
         print(f"peak_tree_pss_vs_floor={pss_floor:.3f}")
+    print_bare_ratios(results)
 
 
 def main() -> None:
@@ -648,13 +783,18 @@ def main() -> None:
         default="same",
         help="re-sends carry their original's event time, or a later one of their own",
     )
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="the per-window floor: 50,000 rows in 50 files, one file (1,000 rows) a batch",
+    )
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--json", help="also write every run's measurements to this file")
     parser.add_argument("--profile", action="store_true", help="profile the sink's code path")
     parser.add_argument("--flat", action="store_true", help="with --profile: a flat profile")
     parser.add_argument("--keep", action="store_true", help="keep each run's output directory")
-    parser.add_argument("--variant", choices=VARIANTS + REFERENCE_VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     run_main(parser, "variant", child, orchestrate)
 
 

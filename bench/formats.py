@@ -71,7 +71,7 @@ from common import (  # noqa: E402
     local_session_builder,
     median,
     print_machine,
-    python_floor_source,
+    python_bare_source,
     run_child,
     run_main,
     time_stream,
@@ -107,7 +107,7 @@ def run_format(fmt: str, input_dir: Path, work: Path, driver_memory: str) -> dic
     spark.sparkContext.setLogLevel("ERROR")
     schema = spark.read.parquet(str(next(input_dir.glob("*.parquet")))).schema
     # As compare.py: the session's discovery of installed Python data sources, outside the clock.
-    spark.dataSource.register(python_floor_source())
+    spark.dataSource.register(python_bare_source())
     output = work / "out"
     writer = (
         spark.readStream.schema(schema)

@@ -24,7 +24,7 @@ Measured per run:
 
 * rows/s: input rows / wall time from ``writeStream...start()`` to the return of
   ``awaitTermination()`` (as compare.py: the session and the JVM are outside the clock);
-* memory: the PSS of every process of the run's tree (``common.TreeSampler``, read every
+* memory: the PSS of every process of the run's tree (``common.ExecutorSampler``, read every
   second), by role. *Executor Python* is every Python process but the driver's own: the daemons
   Spark starts and the workers they fork (the tasks). Printed: the executor Python processes'
   peak summed PSS, how many were alive at that peak, the largest single one over the run, and
@@ -75,19 +75,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     DATA_DIR,
-    DRIVER_ROLE,
     RESULT_PREFIX,
-    SPARK_PYTHON_JOBS,
     CompareSpec,
+    ExecutorSampler,
     LoadSampler,
-    TreeSampler,
     code_revision,
     dir_bytes,
     generate_compare_input,
     local_session_builder,
     median,
     print_machine,
-    python_count,
     run_child,
     run_main,
     time_stream,
@@ -103,41 +100,9 @@ MODE_OPTIONS = {
 HASH_MODES = ("basic", "own-time")
 PARTITIONINGS = ("as-read", "by-key")
 MB = 2**20
-# The roles of the daemon that runs tasks (pyspark.worker) and of the workers it forks.
-TASK_ROLE = SPARK_PYTHON_JOBS["pyspark.worker"] + " "
 
 
 # -- one run, in its own process -------------------------------------------------------------
-
-
-class ExecutorSampler(TreeSampler):
-    """A TreeSampler that also keeps the peak of the executor-side Python processes (every
-    Python process but the driver's): their summed PSS, their roles at that peak, the largest
-    single one and the most alive at once; and the peak of the tasks' processes alone (the
-    daemon that runs tasks and the workers it forks)."""
-
-    def __init__(self, pss_every: int) -> None:
-        super().__init__(pss_every=pss_every)
-        self.peak_executor = 0
-        self.peak_executor_roles: list[tuple[str, int]] = []
-        self.largest_executor = 0
-        self.most_executors = 0
-        self.peak_tasks = 0
-
-    def _keep_pss(self, roles: list[tuple[str, int]]) -> None:
-        super()._keep_pss(roles)
-        executors = [
-            (role, size)
-            for role, size in roles
-            if role != DRIVER_ROLE and python_count([(role, size)])
-        ]
-        total = sum(size for _, size in executors)
-        if total > self.peak_executor:
-            self.peak_executor, self.peak_executor_roles = total, executors
-        self.largest_executor = max([self.largest_executor, *(size for _, size in executors)])
-        self.most_executors = max(self.most_executors, len(executors))
-        tasks = sum(size for role, size in executors if role.startswith(TASK_ROLE))
-        self.peak_tasks = max(self.peak_tasks, tasks)
 
 
 def cores_of(master: str) -> int:

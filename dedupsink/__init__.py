@@ -89,9 +89,10 @@ def report(
     last: int | None = None,
 ) -> ReportFile:
     """Write the history of the store under output ``path`` (or a store URL) as charts in one
-    self-contained HTML page, the local file ``output``, as ``dedupsink report`` does: rows per
-    port, duplicate and expired shares, remembered keys, store bytes, latest and expiry points,
-    one column a window (groups of windows past 500). ``last``: only the last windows. Returns
+    self-contained HTML page, the local file ``output``, as ``dedupsink report`` does: the health
+    verdict, rows per port, duplicate and expired shares, wall and task time, remembered keys
+    and expired keys awaiting fold, store bytes, latest and expiry points, one column a window
+    (groups of windows past 500). ``last``: only the last windows. Returns
     a frozen ``ReportFile`` (``path``, ``store_url``, ``windows``, ``columns``, ``nbytes``)."""
     from dedupsink.inspection import locate
     from dedupsink.inspection.page import write_report

@@ -35,8 +35,10 @@ COMMANDS: dict[str, list[str]] = {
     "lookup-unknown.json": ["lookup", "--json", "serial=999999"],
     "report.html": ["report", "-o", "{report}"],
 }
-# The report's footer says when it was written.
+# The report's footer says when it was written, the verdict when it was judged.
 _WRITTEN_AT = re.compile(r"Written by dedupsink [^ ]+ at [0-9: -]+ UTC\.")
+_JUDGED_AT = re.compile(r"Judged at [0-9: -]+ UTC")
+_JUDGED_AT_JSON = re.compile(r'"judged_at": "[^"]+"')
 
 
 def copy_store(where: Path) -> Path:
@@ -58,6 +60,8 @@ def output_of(name: str, output: Path, scratch: Path) -> str:
     if name == "report.html":
         page = (scratch / "report.html").read_text(encoding="utf-8")
         text = _WRITTEN_AT.sub("Written by dedupsink at (time).", page)
+    text = _JUDGED_AT.sub("Judged at (time)", text)
+    text = _JUDGED_AT_JSON.sub('"judged_at": "(time)"', text)
     return text.replace(str(output), PLACEHOLDER)
 
 

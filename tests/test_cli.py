@@ -326,6 +326,7 @@ def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path
     assert report["owner"] is None
     windows_are_numbered_alike(out, [*printed_windows(first_run), *printed_windows(summary)])
     the_readme_shows_what_a_user_sees(first_run, summary, out)
+    lookups_agree_with_the_counts(out, report, summary.stdout)
 
 
 README_OUT = "/home/you/dedupsink/out/system-logs"
@@ -340,10 +341,17 @@ def readme_samples() -> list[list[str]]:
 
 def as_the_readme_shows(text: str, out: Path | None = None) -> list[str]:
     """Lines as the README writes them: the output under /home/you, the run's time and query
-    id (which differ each run) as placeholders, the command as ``make run`` calls it."""
+    id and each window's seconds (which differ each run) as placeholders, the command as
+    ``make run`` calls it."""
     if out is not None:
         text = text.replace(str(out), README_OUT)
     text = re.sub(r"in \d+\.\d s \(query [0-9a-f-]{36}\)", "in <seconds> (query <id>)", text)
+    # A window's wall, commit and task seconds differ each run too.
+    text = re.sub(
+        r"\| \d+\.\d s wall \(commit \d+\.\d s\), tasks \d+\.\d\d s",
+        "| <wall> s wall (commit <commit> s), tasks <tasks> s",
+        text,
+    )
     return text.replace("Inspect: dedupsink ", "Inspect: .venv/bin/dedupsink ").splitlines()
 
 
@@ -358,6 +366,24 @@ def the_readme_shows_what_a_user_sees(first: Summary, second: Summary, out: Path
     printed = as_the_readme_shows(second.stdout, out)
     start = printed.index(again[0])
     assert printed[start : start + len(again)] == again
+
+
+def lookups_agree_with_the_counts(out: Path, report: dict[str, Any], stdout: str) -> None:
+    """ "Remembered" means one thing: ``lookup`` of each unique row says remembered for as many
+    keys as ``inspect`` and ``run`` count, and "expired, awaiting fold" for the keys counted
+    apart (the rest left with their expired window files)."""
+    serials = ds.dataset(out / "unique", format="parquet").to_table(["serial"]).column(0)
+    verdicts: Counter[str] = Counter()
+    for serial in serials.to_pylist():
+        found = dedupsink.lookup(str(out), {"serial": str(serial)})
+        reason = (found.reason or "").split(":")[0]
+        verdicts["remembered" if found.remembered else reason] += 1
+    assert (report["remembered_keys"], report["expired_unfolded_keys"]) == (230, 61)
+    assert verdicts == {"remembered": 230, "expired, awaiting fold": 61}
+    assert (
+        f"Store {out / '_store'}: 230 remembered keys (and 61 expired keys awaiting fold);"
+        in stdout
+    )
 
 
 def printed_windows(summary: Summary) -> list[tuple[int, int]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from streams import PORT_NAMES, run_stream, write_batches
 
 import dedupsink
 import dedupsink.sink.commit as commit_module
+from dedupsink.cli.history import render as history_text
 from dedupsink.cli.main import main
 from dedupsink.errors import DedupOptionError, StoreCorruptError
 from dedupsink.sink.local import LocalSink
@@ -37,6 +39,7 @@ from dedupsink.store.history import (
     read_history,
     record_window,
 )
+from dedupsink.store.records import WindowRecord
 from dedupsink.store.storage import Storage
 from dedupsink.store.store import BucketStore
 
@@ -322,6 +325,59 @@ def test_compaction_levels_and_the_bound(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 # -- the command -------------------------------------------------------------------------------
+
+
+def test_each_window_records_its_wall_and_commit_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Wall time from the window's first task's start to its commit point, and the commit's own:
+    in the window record (absent from an older record's bytes), the history and its text."""
+    out = tmp_path / "out"
+    sink = LocalSink({"path": str(out), **OPTIONS}, SCHEMA_IN)
+    run_windows(sink, range(2))
+    rows = read_history(store_of(out)).to_pylist()
+    for row in rows:
+        assert 0 < row["commit_seconds"] <= row["wall_seconds"]
+        assert row["wall_seconds"] >= row["task_seconds"] - 0.001  # one task a window here
+    record = BucketStore(str(out / "_store")).read()
+    assert record is not None and record.last_window is not None
+    window = record.last_window
+    assert (window.wall_seconds, window.commit_seconds) == (
+        rows[-1]["wall_seconds"],
+        rows[-1]["commit_seconds"],
+    )
+    assert window.to_wire()["wall"] == [window.wall_seconds, window.commit_seconds]
+    older = replace(window, wall_seconds=None, commit_seconds=None)
+    assert "wall" not in older.to_wire()
+    assert WindowRecord.from_wire(older.to_wire()) == older
+    row = {
+        "version": 6,
+        "query_id": "966b42e4",
+        "batch_id": 0,
+        "committed_ms": 1_764_378_000_000,
+        **dict(zip(PORT_NAMES, (0, 31, 65, 2), strict=True)),
+        "keys_added": 0,
+        "keys_forgotten": 0,
+        "keys_remembered": 230,
+        "keys_expired_unfolded": 61,
+        "store_bytes": 7_000,
+        "latest_point_text": "2014-12-31 07:55:00 UTC",
+        "wall_seconds": 9.126,
+        "commit_seconds": 0.412,
+    }
+    before = {**row, "version": 5, "keys_expired_unfolded": None, "wall_seconds": None}
+    assert history_text(hist.to_table([before, row]), "s") == HISTORY_TEXT
+
+
+HISTORY_TEXT = (
+    "store s: 2 windows\n"
+    "  version      committed (UTC)  batch  unique  duplicate  expired  error  keys +  keys -  "
+    "remembered  awaiting fold  wall s  commit s   store             latest point  query\n"
+    "  5        2025-11-29 01:00:00      0       0         31       65      2       0       0  "
+    "       230              -       -      0.41  7.0 kB  2014-12-31 07:55:00 UTC  966b42e4\n"
+    "  6        2025-11-29 01:00:00      0       0         31       65      2       0       0  "
+    "       230             61    9.13      0.41  7.0 kB  2014-12-31 07:55:00 UTC  966b42e4"
+)
 
 
 def test_history_command_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

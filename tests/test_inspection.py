@@ -85,7 +85,7 @@ def test_a_remembered_key_and_a_forgotten_one(location: Location) -> None:
     assert remembered.stamp_text == "2014-12-31 07:52:00 UTC"
     forgotten = lookup(location, {"serial": 2})
     assert not forgotten.remembered and forgotten.reason is not None
-    assert forgotten.reason.startswith("forgotten: its stamp 2014-12-30 00:11:00 UTC")
+    assert forgotten.reason.startswith("expired, awaiting fold: its stamp 2014-12-30 00:11:00 UTC")
 
 
 def test_the_report_series_are_typed_columns(location: Location) -> None:

@@ -242,7 +242,9 @@ def test_forgotten_key_still_in_a_live_window_file(tmp_path: Path) -> None:
     LocalSink(options, TIME_SCHEMA).window(0, rows, partitions=1)
     found = dedupsink.lookup(str(out), {"id": 50})
     assert not found.remembered and found.reason is not None
-    assert found.reason.startswith("forgotten: its stamp 2024-01-01 00:00:00 UTC is at or below")
+    assert found.reason.startswith(
+        "expired, awaiting fold: its stamp 2024-01-01 00:00:00 UTC is at or below"
+    )
     assert dedupsink.lookup(str(out), {"id": 51}).remembered
 
 

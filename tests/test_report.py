@@ -12,6 +12,7 @@ columns, well under 1 MB), a store without points, escaping, and the command's e
 from __future__ import annotations
 
 import datetime as dt
+import re
 import shutil
 import struct
 import subprocess
@@ -245,7 +246,8 @@ def test_chromium_draws_a_bar_and_a_dot_a_window(
         drawn = [rect.attrs["class"] for rect in bar.iter("rect")]
         assert drawn == [port for port in PORTS if row[port]]  # stacked bottom up
         assert bar.iter("title")[0].all_text().endswith(f"error {row['error']}")
-    for name, lines in (("shares", 2), ("keys", 1), ("bytes", 1), ("points", 2)):
+    # keys: remembered and expired awaiting fold; seconds: wall, commit and task time
+    for name, lines in (("shares", 2), ("keys", 2), ("bytes", 1), ("points", 2), ("seconds", 3)):
         svg = chart(dom, name)
         assert len(svg.iter("circle")) == lines * WINDOWS, name
         assert len(svg.iter("polyline")) == lines, name
@@ -253,6 +255,13 @@ def test_chromium_draws_a_bar_and_a_dot_a_window(
         assert len(points.attrs["points"].split()) == WINDOWS
     ticks = [t.all_text() for t in chart(dom, "points").iter("g", class_="axis y")[0].iter("text")]
     assert "2024-05-01 12:00" in ticks  # a time axis, in UTC, dated with the year
+    verdict_on_top(dom)
+    # Wall time beside task time: a line and a dot a window each, wall and commit seconds.
+    seconds = chart(dom, "seconds")
+    for key in ("wall_seconds", "commit_seconds", "task_seconds"):
+        (line,) = seconds.iter("g", class_=f"line {key}")
+        assert len(line.iter("circle")) == WINDOWS, key
+    every_axis_title_fits(target, tmp_path)
 
     shot = tmp_path / "report.png"
     chromium(
@@ -269,6 +278,65 @@ def test_chromium_draws_a_bar_and_a_dot_a_window(
     # the bar chart: one run of it per window.
     unique = (pixels == rgb(COLOURS["unique"])).all(axis=2)
     assert runs(unique[int(unique.sum(axis=1).argmax())]) == WINDOWS
+
+
+def verdict_on_top(dom: Tree) -> None:
+    """The verdict is the page's first section: healthy, and the 2024 data named historical
+    (its lag of years is said above the lag chart, not raised as an alarm)."""
+    main = dom.root.iter("main")[0]
+    assert [child.tag for child in main.children[:3]] == ["h1", "p", "section"]
+    (verdict,) = main.iter("section", class_="verdict healthy")
+    assert verdict.attrs["data-healthy"] == "true"
+    assert verdict.iter("h2")[0].all_text() == "Healthy: none of the 6 rules raised an alarm"
+    (note,) = verdict.iter("li", class_="note")
+    assert note.attrs["data-rule"] == "historical-data"
+    assert note.iter("b")[0].all_text() == "note historical-data"
+    (above_lag,) = dom.root.iter("p", class_="note historical")
+    assert above_lag.all_text().startswith("replayed or historical data: event times are ")
+    assert f": {above_lag.all_text()}" in note.all_text()  # the same words, both places
+
+
+# Measures, in the browser, each axis title's box against its chart's: the report itself runs
+# no script (its Content-Security-Policy forbids it), so a copy of it without the policy does.
+MEASURE = """<script>
+for (const svg of document.querySelectorAll("svg.chart")) {
+  const box = svg.getBoundingClientRect();
+  for (const title of svg.querySelectorAll("text.title")) {
+    const r = title.getBoundingClientRect();
+    const fits = r.left >= box.left - 0.5 && r.right <= box.right + 0.5
+      && r.top >= box.top - 0.5 && r.bottom <= box.bottom + 0.5;
+    title.setAttribute("data-fits", fits ? "yes" : "no");
+    title.setAttribute("data-box", [r.left - box.left, r.top - box.top, r.right - box.left,
+      r.bottom - box.top].map(Math.round).join(","));
+  }
+}
+</script>"""
+
+
+def every_axis_title_fits(report_file: Path, tmp_path: Path) -> None:
+    """Chromium lays each chart's axis titles out inside the chart: none is clipped (the lag's
+    y title, "commit time minus latest point (days)", was, at one line)."""
+    page_text = report_file.read_text(encoding="utf-8")
+    measured = tmp_path / "measured.html"
+    without_policy = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page_text)
+    measured.write_text(without_policy.replace("</main>", "</main>" + MEASURE), encoding="utf-8")
+    dom = Tree(
+        chromium(
+            tmp_path / "measure-profile",
+            "--window-size=1200,5000",
+            "--virtual-time-budget=2000",
+            "--dump-dom",
+            measured.as_uri(),
+        )
+    )
+    titles = [t for svg in dom.root.iter("svg", class_="chart") for t in svg.iter("text")]
+    titles = [t for t in titles if t.attrs.get("class") == "title"]
+    assert len(titles) >= 2 * 9  # every chart with axes has two
+    clipped = [(t.all_text(), t.attrs["data-box"]) for t in titles if t.attrs["data-fits"] != "yes"]
+    assert clipped == []
+    lag_title = next(t for t in chart(dom, "lag").iter("text") if t.attrs.get("class") == "title")
+    assert lag_title.all_text() == "commit time minus latest point (days)"
+    assert len(lag_title.iter("tspan")) == 2  # on two lines, to fit
 
 
 QUERIES = ("first-query", "second-query")
@@ -326,7 +394,7 @@ def test_chromium_shows_what_the_operator_asks_of_two_queries(
             assert len(set(ticks)) == len(ticks), (name, axis, ticks)
         markers = [g.attrs["data-query"] for g in svg.iter("g", class_="marker")]
         assert markers == list(QUERIES), name
-        assert len(svg.iter("circle")) in (0, 2 * len(versions), len(versions)), name
+        assert len(svg.iter("circle")) in (0, *(n * len(versions) for n in (1, 2, 3))), name
     assert "query second-q starts" in chart(dom, "rows").all_text()
     lag_title = tick_texts(chart(dom, "lag"), "y")
     assert lag_title and "commit time minus latest point" in chart(dom, "lag").all_text()
@@ -350,7 +418,14 @@ def test_chromium_shows_what_the_operator_asks_of_two_queries(
         tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,6400", target.as_uri()
     )
     pixels = decode_png(shot.read_bytes())
-    for name in ("task_seconds", "rows_per_second", "keys_added", "keys_forgotten", "lag"):
+    for name in (
+        "task_seconds",
+        "wall_seconds",
+        "rows_per_second",
+        "keys_added",
+        "keys_forgotten",
+        "lag",
+    ):
         found = (pixels == rgb(COLOURS[name])).all(axis=2)
         assert found.sum() > 150, f"{name}'s colour {COLOURS[name]} is not on screen"
     marker = (pixels == rgb("#555555")).all(axis=2)

@@ -695,7 +695,7 @@ def test_concatenated_segments_decode_to_the_keys_of_all_of_them() -> None:
         parts.append((data, segments.get(0, Segment(f"f{n}", len(WINDOW_MAGIC), 0, 0, 0))))
     raws = [data[s.offset : s.offset + s.length] for data, s in parts]
     segments = [s for _, s in parts]
-    chunks, folded, top = concat_segments(
+    chunks, folded, top, low = concat_segments(
         raws, segments, np.dtype(np.int64), ["f5", "f0", "f3"], "g", 8
     )
     body = b"".join(chunks)
@@ -708,7 +708,7 @@ def test_concatenated_segments_decode_to_the_keys_of_all_of_them() -> None:
     assert decoded.stamps is not None
     stamps = [e.stamps for e in expected if e.stamps is not None]
     assert decoded.stamps.tolist() == np.concatenate(stamps).tolist()
-    assert top == max(decoded.stamps.tolist())
+    assert (top, low) == (max(decoded.stamps.tolist()), min(decoded.stamps.tolist()))
 
 
 def test_concatenation_leaves_out_segments_whose_keys_all_expired() -> None:
@@ -721,17 +721,19 @@ def test_concatenation_leaves_out_segments_whose_keys_all_expired() -> None:
         parts.append((data[segments[0].offset :], segments[0]))
     raws, segments = [r for r, _ in parts], [s for _, s in parts]
     paths = ["old", "mixed", "new"]
-    chunks, folded, top = concat_segments(raws, segments, np.dtype(np.int64), paths, "g", 8, 50)
-    assert folded is not None and folded.count == 4 and top == 90
+    chunks, folded, top, low = concat_segments(
+        raws, segments, np.dtype(np.int64), paths, "g", 8, 50
+    )
+    assert folded is not None and folded.count == 4 and (top, low) == (90, 45)
     decoded = decode_segment(b"".join(chunks), folded, np.dtype(np.int64), "g")
     assert decoded.stamps is not None and sorted(decoded.stamps.tolist()) == [45, 70, 80, 90]
     nothing = concat_segments(raws[:1], segments[:1], np.dtype(np.int64), paths[:1], "g", 8, 50)
-    assert nothing == ([], None, None)
+    assert nothing == ([], None, None, None)
     # A hash bucket's fold leaves out each expired key, not only whole segments.
-    chunks, folded, top = concat_segments(
+    chunks, folded, top, low = concat_segments(
         raws, segments, np.dtype(np.int64), paths, "g", 8, 50, each_key=True
     )
-    assert folded is not None and folded.count == 3 and top == 90
+    assert folded is not None and folded.count == 3 and (top, low) == (90, 70)
     decoded = decode_segment(b"".join(chunks), folded, np.dtype(np.int64), "g")
     assert decoded.stamps is not None and decoded.stamps.tolist() == [70, 80, 90]
     assert decoded.h1.tolist() == [11, 20, 21]

@@ -16,6 +16,15 @@ from dedupsink.units import human_bytes
 __all__ = ["render"]
 
 
+def _or_dash(value: object) -> object:
+    """A value of a column older rows lack (null), as a dash."""
+    return "-" if value is None else value
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def render(rows: pa.Table, store_url: str) -> str:
     """The history for people: one line a window, oldest first."""
     if rows.num_rows == 0:
@@ -31,6 +40,9 @@ def render(rows: pa.Table, store_url: str) -> str:
         "keys +",
         "keys -",
         "remembered",
+        "awaiting fold",
+        "wall s",
+        "commit s",
         "store",
         "latest point",
         "query",
@@ -50,6 +62,9 @@ def render(rows: pa.Table, store_url: str) -> str:
                 row["keys_added"],
                 row["keys_forgotten"],
                 row["keys_remembered"],
+                _or_dash(row["keys_expired_unfolded"]),
+                _seconds(row["wall_seconds"]),
+                _seconds(row["commit_seconds"]),
                 human_bytes(row["store_bytes"]),
                 row["latest_point_text"] or "-",
                 row["query_id"],

@@ -18,6 +18,7 @@ from dedupsink.inspection.state import (
     Producers,
     StoreState,
 )
+from dedupsink.inspection.verdict import Verdict
 from dedupsink.options import ASSUME_SAME_EXPIRY, OUTPUT_FORMAT_DEFAULT, bool_text
 from dedupsink.ports.base import CatalogInfo
 from dedupsink.store.records import StoreSettings
@@ -44,6 +45,7 @@ def render(inspection: Inspection) -> str:
         f"settings    {settings_text(settings)}",
         f"placement   {placement_text(settings)}",
         f"windows     {state.windows} committed{_last_window_text(state.last_window)}",
+        *_verdict_lines(inspection.verdict),
     ]
     if state.schema is not None:
         lines.append(f"schema      {state.schema.text()}")
@@ -57,6 +59,7 @@ def render(inspection: Inspection) -> str:
     lines += [
         f"remembered  {remembered} in {state.index.window_files} window files "
         f"({human_bytes(state.index.bytes)})",
+        *_expired_unfolded_lines(state.expired_unfolded_keys),
         f"on disk     {inspection.disk.window_files} window files, "
         f"{human_bytes(inspection.disk.bytes)}",
         f"owner       {_owner_text(state.owner)}",
@@ -67,6 +70,23 @@ def render(inspection: Inspection) -> str:
     if state.catalog is not None:
         lines += catalog_lines(state.catalog)
     return "\n".join(lines)
+
+
+def _verdict_lines(verdict: Verdict | None) -> list[str]:
+    """Healthy or not, and each finding on a line of its own (README, "Is it healthy?")."""
+    if verdict is None:
+        return []
+    return [
+        f"health      {verdict.headline()}",
+        *(f"            {f.kind} {f.rule}: {f.message}" for f in verdict.findings),
+    ]
+
+
+def _expired_unfolded_lines(keys: int) -> list[str]:
+    """The keys that expired but wait in window files for a fold, apart from the remembered."""
+    if not keys:
+        return []
+    return [f"            and {keys} expired keys awaiting fold (at or below the expiry point)"]
 
 
 def catalog_lines(catalog: CatalogInfo, label: str = "catalog     ") -> list[str]:

@@ -228,6 +228,7 @@ class WindowWatcher:
         self.seen = versions[-1] if versions else -1
         start = store.read(self.seen) if versions else None
         self.latest = None if start is None else start.latest  # the latest point seen last
+        self.gap = _versions_after_last_window(start)  # told before this run's first window
         self.query_id = ""
         self.batch = False  # a batch job: its write's id is learnt from the window it commits
         self.windows: list[WindowRecord] = []
@@ -250,6 +251,8 @@ class WindowWatcher:
         if not ours:
             return
         self.query_id = window.query
+        if not self.windows and self.gap:
+            print(_gap_text(self.gap, window.version), file=self.out, flush=True)
         self.windows.append(window)
         ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
         state = f"{window.new_keys} new keys, {window.dropped_keys} forgotten"
@@ -257,13 +260,46 @@ class WindowWatcher:
             state = f"{window.new_keys} new producers"
         print(
             f"batch {window.batch:>3} (window {window.version}): "
-            f"{window.counts.total:>5} rows  {ports}  | {state}",
+            f"{window.counts.total:>5} rows  {ports}  | {state}{_times_text(window)}",
             file=self.out,
             flush=True,
         )
         warning = jump_warning(manifest, self.latest)
         if warning is not None:
             print(f"dedupsink: warning: {warning}", file=self.err or sys.stderr, flush=True)
+
+
+def _versions_after_last_window(start: Manifest | None) -> list[int]:
+    """The store's versions after its last window, when a run starts: versions that are no
+    window (a release at the end of a run, the store's creation), which the window numbers
+    skip."""
+    if start is None:
+        return []
+    last = start.last_window
+    first = 0 if last is None else last.version + 1
+    return list(range(first, start.version + 1))
+
+
+def _gap_text(gap: list[int], first_window: int) -> str:
+    """Why this run's first window number is not one after the last window before it."""
+    versions = f"version {gap[0]}" if len(gap) == 1 else f"versions {gap[0]}-{gap[-1]}"
+    what = "the store's creation" if gap == [0] else "the store's release when a run ended"
+    return (
+        f"(window numbers are store versions: {versions} before window {first_window} "
+        f"{'is' if len(gap) == 1 else 'are'} no window but {what}, so no window has "
+        f"{'that number' if len(gap) == 1 else 'those numbers'})"
+    )
+
+
+def _times_text(window: WindowRecord) -> str:
+    """How long the window took: wall time from its first task's start to its commit point,
+    the commit's share of it, and its tasks' seconds summed."""
+    if window.wall_seconds is None:
+        return ""
+    return (
+        f" | {window.wall_seconds:.1f} s wall (commit {window.commit_seconds or 0:.1f} s), "
+        f"tasks {window.task_seconds:.2f} s"
+    )
 
 
 def jump_warning(manifest: Manifest, before: float | None) -> str | None:
@@ -422,8 +458,10 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
         return [f"Store {store.url}: empty"]
     files, nbytes = store.disk_usage()
     kept = "producers" if manifest.settings.mode == "sequence" else "remembered keys"
+    expired = manifest.expired_unfolded_keys
+    awaiting = f" (and {expired} expired keys awaiting fold)" if expired else ""
     lines = [
-        f"Store {store.url}: {manifest.remembered_keys} {kept}; on disk "
+        f"Store {store.url}: {manifest.remembered_keys} {kept}{awaiting}; on disk "
         f"{files} window files, {human_bytes(nbytes)}"
     ]
     settings = manifest.settings

@@ -90,6 +90,8 @@ def window_record(record: WindowRecord) -> dict[str, Any]:
         "keys_forgotten": record.dropped_keys,
         "cross_partition_duplicates": record.cross_partition_duplicates,
         "task_seconds": record.task_seconds,
+        "wall_seconds": record.wall_seconds,
+        "commit_seconds": record.commit_seconds,
         "state": state_use(record.state),
         "error_reasons": reasons(record.error_reasons),
         "store_retries": waits.retries if waits.retries else None,

@@ -383,8 +383,9 @@ def _why_not(
     if found:
         top = max(stamp for _, stamp in found if stamp is not None)
         return (
-            f"forgotten: its stamp {text(top)} is at or below the expiry point "
-            f"{text(expiry_point)} (keys at or below it are forgotten)"
+            f"expired, awaiting fold: its stamp {text(top)} is at or below the expiry point "
+            f"{text(expiry_point)}, so a re-send is no duplicate; the key waits in its window "
+            "file until a fold or the file's expiry removes it"
         )
     if settings.mode == "basic":
         return "never seen: no committed window stored this key (Basic Dedup forgets nothing)"

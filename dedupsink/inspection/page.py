@@ -19,6 +19,7 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.errors import ConfigError
 from dedupsink.inspection.location import Location
 from dedupsink.inspection.report import Column, ReportData, ReportSummary, report_data
+from dedupsink.inspection.verdict import Verdict
 from dedupsink.units import human_bytes, number_text, utc_text
 from dedupsink.version import __version__
 
@@ -27,6 +28,8 @@ __all__ = ["COLOURS", "ReportFile", "page", "write_report"]
 # Tableau's colour-blind-safe palette; the port colours are those the tests look for on screen.
 COLOURS = {
     "task_seconds": "#ff9da7",
+    "wall_seconds": "#2b5c8a",
+    "commit_seconds": "#c9a227",
     "rows_per_second": "#bab0ac",
     "keys_added": "#2f6f3e",
     "keys_forgotten": "#b5452f",
@@ -37,12 +40,15 @@ COLOURS = {
     "expired": "#76b7b2",
     "error": "#e15759",
     "keys_remembered": "#af7aa1",
+    "keys_expired_unfolded": "#8cd17d",
     "store_bytes": "#9c755f",
     "latest_point": "#59a14f",
     "expiry_point": "#edc948",
 }
 LABELS = {
-    "task_seconds": "task seconds",
+    "task_seconds": "task seconds (summed)",
+    "wall_seconds": "wall seconds (first task to commit)",
+    "commit_seconds": "commit seconds",
     "rows_per_second": "rows per task-second",
     "keys_added": "keys added",
     "keys_forgotten": "keys forgotten",
@@ -53,6 +59,7 @@ LABELS = {
     "expired": "expired",
     "error": "error",
     "keys_remembered": "remembered keys",
+    "keys_expired_unfolded": "expired keys awaiting fold",
     "store_bytes": "store bytes",
     "latest_point": "latest point",
     "expiry_point": "expiry point",
@@ -92,7 +99,7 @@ def write_report(
     target = Path(output)
     if not target.parent.is_dir():  # before the history is read: nothing done for nothing
         raise ConfigError("--output", f"cannot write {output}: no folder {target.parent}")
-    data = report_data(location, last)
+    data = report_data(location, last, now)
     encoded = page(data, now).encode("utf-8")
     try:
         target.write_bytes(encoded)
@@ -128,6 +135,10 @@ text.title{font-size:13px;fill:#444}
 table.windows{font-size:12px}
 table.windows th{border-bottom:1px solid #ccc}
 table.windows td{padding:1px 10px 1px 0}
+section.verdict{border-left:6px solid #59a14f;background:#f3f8f1;padding:8px 14px;margin:14px 0}
+section.verdict.unhealthy{border-color:#e15759;background:#fcf0f0}
+section.verdict h2{margin:2px 0 4px}
+section.verdict li{margin:2px 0}
 """
 
 
@@ -145,6 +156,7 @@ def page(data: ReportData, now: datetime | None = None) -> str:
     else:
         body = [
             *_heading(data.summary, data.store_url),
+            *_verdict(data.verdict),
             *_summary(data.summary, data),
             *_reasons_table(data.summary),
             *_charts(data),
@@ -183,6 +195,31 @@ def _heading(summary: ReportSummary, store_url: str) -> list[str]:
     ]
 
 
+def _verdict(verdict: Verdict | None) -> list[str]:
+    """Healthy or not at the top of the page, with the findings that decide it and the notes
+    that explain what could look like an alarm (README, "Is it healthy?")."""
+    if verdict is None:
+        return []
+    state = "healthy" if verdict.healthy else "unhealthy"
+    out = [
+        f'<section class="verdict {state}" data-healthy="{str(verdict.healthy).lower()}">',
+        f"<h2>{esc(verdict.headline()[:1].upper() + verdict.headline()[1:])}</h2>",
+    ]
+    if verdict.findings:
+        out.append("<ul>")
+        out += [
+            f'<li class="{f.kind}" data-rule="{esc(f.rule)}"><b>{esc(f.kind)} {esc(f.rule)}</b>: '
+            f"{esc(f.message)}</li>"
+            for f in verdict.findings
+        ]
+        out.append("</ul>")
+    out.append(
+        f'<p class="note">Judged at {esc(_time(verdict.judged_at))} UTC over the history\'s '
+        'last windows by the rules of the README\'s "Is it healthy?" section.</p></section>'
+    )
+    return out
+
+
 def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
     """The table of totals over every window, and how the charts draw them."""
     everything = summary.rows
@@ -197,6 +234,7 @@ def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
         ("last commit", _time(summary.last_commit) + " UTC"),
         ("rows", f"{everything:,}"),
         ("remembered keys", f"{summary.keys_remembered:,} (after the last window)"),
+        ("expired keys awaiting fold", _unfolded_text(summary.keys_expired_unfolded)),
         ("store", human_bytes(summary.store_bytes) + " in live window files"),
         ("latest point", summary.latest_text or "none"),
         ("expiry point", summary.expiry_text or "none"),
@@ -223,99 +261,21 @@ def _summary(summary: ReportSummary, data: ReportData) -> list[str]:
     return out
 
 
+def _unfolded_text(keys: int | None) -> str:
+    if keys is None:
+        return "not counted (the last window was committed before they were)"
+    return f"{keys:,} (at or below the expiry point: a re-send of them is no duplicate)"
+
+
+def _seconds_text(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.3f}"
+
+
 def _charts(data: ReportData) -> list[str]:
-    columns = data.columns
-    mode = None if data.settings is None else data.settings.mode
-    count_axis = Axis(_count_ticks, _count_text)
-    percent = Axis(lambda low, high: _nice(0.0, max(high, 1.0)), lambda v: f"{number_text(v)}%")
-    charts = [
-        ("Rows per port and window", _stacked_bars(columns)),
-        (
-            "Duplicate and expired share of each window's rows",
-            _line_chart(
-                "shares",
-                columns,
-                {port: [c.share(port) for c in columns] for port in ("duplicate", "expired")},
-                percent,
-                lambda v: f"{v:.1f}%",
-                "share of the window's rows (%)",
-            ),
-        ),
-        (
-            "Time each window took: its tasks' seconds, summed",
-            _line_chart(
-                "seconds",
-                columns,
-                {"task_seconds": [c.task_seconds for c in columns]},
-                Axis(lambda low, high: _nice(0.0, max(high, 0.001)), number_text),
-                lambda v: f"{v:.3f} s",
-                "task time (seconds)",
-            ),
-        ),
-        (
-            "Throughput: rows per second of task time",
-            _line_chart(
-                "throughput",
-                columns,
-                {"rows_per_second": [c.rows_per_second for c in columns]},
-                count_axis,
-                lambda v: f"{v:,.0f} rows/s",
-                "throughput (rows per second)",
-            ),
-        ),
-        (
-            "Keys added and forgotten by each window",
-            _line_chart(
-                "churn",
-                columns,
-                {
-                    "keys_added": [float(c.keys_added) for c in columns],
-                    "keys_forgotten": [float(c.keys_forgotten) for c in columns],
-                },
-                count_axis,
-                lambda v: f"{int(v):,}",
-                "keys (count)",
-            ),
-        ),
-        (
-            "Remembered keys after each window",
-            _line_chart(
-                "keys",
-                columns,
-                {"keys_remembered": [float(c.keys_remembered) for c in columns]},
-                count_axis,
-                lambda v: f"{int(v):,}",
-                "remembered keys (count)",
-            ),
-        ),
-        (
-            "The store's size: bytes of its live window files",
-            _line_chart(
-                "bytes",
-                columns,
-                {"store_bytes": [float(c.store_bytes) for c in columns]},
-                Axis(_count_ticks, lambda v: human_bytes(int(v))),
-                lambda v: human_bytes(int(v)),
-                "store size (bytes)",
-            ),
-        ),
-        (
-            "Store retries: requests the storage throttled, dropped or left unanswered",
-            _line_chart(
-                "retries",
-                columns,
-                {"store_retries": [float(c.store_retries) for c in columns]},
-                Axis(lambda low, high: _nice(0.0, max(high, 1.0)), number_text),
-                lambda v: f"{int(v):,}",
-                "requests retried (count)",
-            ),
-        ),
-        ("Latest and expiry points", _points_chart(columns, mode)),
-        ("How far behind the data is: commit time minus the latest point", _lag_chart(data)),
-    ]
+    """Every chart of ``CHARTS``, under its heading, in order."""
     out: list[str] = []
-    for title, chart in charts:
-        out += [f"<h2>{esc(title)}</h2>", chart]
+    for spec in CHARTS:
+        out += [f"<h2>{esc(spec.heading)}</h2>", spec.draw(data)]
     return out
 
 
@@ -348,6 +308,9 @@ RECENT_HEADINGS = (
     "keys +",
     "keys -",
     "remembered",
+    "awaiting fold",
+    "wall s",
+    "commit s",
     "task s",
     "rows/s",
     "behind",
@@ -381,6 +344,9 @@ def _recent_table(data: ReportData) -> list[str]:
             f"{column.keys_added:,}",
             f"{column.keys_forgotten:,}",
             f"{column.keys_remembered:,}",
+            "-" if column.keys_expired_unfolded is None else f"{column.keys_expired_unfolded:,}",
+            _seconds_text(column.wall_seconds),
+            _seconds_text(column.commit_seconds),
             f"{column.task_seconds:.3f}",
             "-" if column.rows_per_second is None else f"{column.rows_per_second:,.0f}",
             "-" if column.lag_seconds is None else _span_text(column.lag_seconds),
@@ -569,9 +535,16 @@ def _axes(
         y = plot.y(tick)
         yield f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{esc(label)}</text>'
     middle = (TOP + bottom) / 2
+    lines = _title_lines(title, 2 * min(middle, plot.height - middle) - 12)
+    title_x = 16  # a second line, if any, 15 px to the right of it
+    # Rotated a quarter turn: a tspan's y moves it across the text, to the right.
+    spans = "".join(
+        f'<tspan x="{title_x}" y="{middle + 15 * i:.1f}">{esc(line)}</tspan>'
+        for i, line in enumerate(lines)
+    )
     yield (
-        f'<text class="title" x="16" y="{middle:.1f}" text-anchor="middle" '
-        f'transform="rotate(-90 16 {middle:.1f})">{esc(title)}</text>'
+        f'<text class="title" x="{title_x}" y="{middle:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 {title_x} {middle:.1f})">{spans}</text>'
     )
     yield f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{bottom}"/></g><g class="axis x">'
     yield f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{bottom}" y2="{bottom}"/>'
@@ -590,6 +563,24 @@ def _axes(
         'text-anchor="middle">window, and when it was committed (UTC)</text></g>'
     )
     yield from _markers(plot, columns)
+
+
+TITLE_CHAR_PX = 7.2  # the widest a title's character is drawn, on average, at 13 px
+
+
+def _title_lines(title: str, room: float) -> list[str]:
+    """A y title as the lines that fit ``room`` px (rotated, it runs along the plot's height):
+    one if it fits, else two split at a space, the first ending in it (so the title's text
+    reads whole). A line keeps at least one word."""
+    if len(title) * TITLE_CHAR_PX <= room:
+        return [title]
+    words = title.split(" ")
+    first = words[0]
+    for word in words[1:]:
+        if (len(first) + 1 + len(word)) * TITLE_CHAR_PX > room:
+            break
+        first += " " + word
+    return [first + " ", title[len(first) + 1 :]]
 
 
 def _moment_texts(moments: Sequence[datetime]) -> list[str]:
@@ -764,7 +755,7 @@ def _lag_chart(data: ReportData) -> str:
         ),
         ("seconds", 1),
     )
-    return _line_chart(
+    chart = _line_chart(
         "lag",
         columns,
         {"lag": [None if v is None else v / size for v in lags]},
@@ -772,6 +763,17 @@ def _lag_chart(data: ReportData) -> str:
         lambda v: f"{v:,.1f} {unit}",
         f"commit time minus latest point ({unit})",
     )
+    return _historical_note(data) + chart
+
+
+def _historical_note(data: ReportData) -> str:
+    """Above the lag chart, the verdict's word that the data is replayed or historical: a lag
+    of years, steady, is the data's age, not a stream falling behind."""
+    notes = [] if data.verdict is None else data.verdict.notes
+    found = [note for note in notes if note.rule == "historical-data"]
+    if not found:
+        return ""
+    return f'<p class="note historical" data-rule="historical-data">{esc(found[0].message)}</p>'
 
 
 def _sentence(name: str, columns: Sequence[Column], why: str) -> str:
@@ -780,3 +782,125 @@ def _sentence(name: str, columns: Sequence[Column], why: str) -> str:
         f'{_svg_open(name, plot, why)}<text class="missing" x="{LEFT}" y="45">'
         f"{esc(why)}</text></svg>"
     )
+
+
+# -- the charts, as data ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LineChart:
+    """A chart of lines, one a series: its ``data-chart`` name, its heading, each series' key
+    (its colour and label) with the value it takes of a column (None: a gap), the y axis, a
+    value's tooltip text and the y axis' title."""
+
+    name: str
+    heading: str
+    series: tuple[tuple[str, Callable[[Column], float | None]], ...]
+    axis: Axis
+    value_text: Callable[[float], str]
+    y_title: str
+
+    def draw(self, data: ReportData) -> str:
+        columns = data.columns
+        values = {key: [value(column) for column in columns] for key, value in self.series}
+        return _line_chart(self.name, columns, values, self.axis, self.value_text, self.y_title)
+
+
+@dataclass(frozen=True)
+class DrawnChart:
+    """A chart with a drawing of its own (bars, points on the expiry key's scale, the lag)."""
+
+    heading: str
+    drawing: Callable[[ReportData], str]
+
+    def draw(self, data: ReportData) -> str:
+        return self.drawing(data)
+
+
+def _optional(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _mode(data: ReportData) -> str | None:
+    return None if data.settings is None else data.settings.mode
+
+
+COUNT_AXIS = Axis(_count_ticks, _count_text)
+PERCENT_AXIS = Axis(lambda low, high: _nice(0.0, max(high, 1.0)), lambda v: f"{number_text(v)}%")
+SECONDS_AXIS = Axis(lambda low, high: _nice(0.0, max(high, 0.001)), number_text)
+RETRIES_AXIS = Axis(lambda low, high: _nice(0.0, max(high, 1.0)), number_text)
+BYTES_AXIS = Axis(_count_ticks, lambda v: human_bytes(int(v)))
+
+# The report's charts, top to bottom.
+CHARTS: tuple[LineChart | DrawnChart, ...] = (
+    DrawnChart("Rows per port and window", lambda data: _stacked_bars(data.columns)),
+    LineChart(
+        "shares",
+        "Duplicate and expired share of each window's rows",
+        (("duplicate", lambda c: c.share("duplicate")), ("expired", lambda c: c.share("expired"))),
+        PERCENT_AXIS,
+        lambda v: f"{v:.1f}%",
+        "share of the window's rows (%)",
+    ),
+    LineChart(
+        "seconds",
+        "Time each window took: wall time from its first task's start to its commit, the "
+        "commit's own, and its tasks' seconds summed",
+        (
+            ("wall_seconds", lambda c: c.wall_seconds),
+            ("commit_seconds", lambda c: c.commit_seconds),
+            ("task_seconds", lambda c: c.task_seconds),
+        ),
+        SECONDS_AXIS,
+        lambda v: f"{v:.3f} s",
+        "time (seconds)",
+    ),
+    LineChart(
+        "throughput",
+        "Throughput: rows per second of task time",
+        (("rows_per_second", lambda c: c.rows_per_second),),
+        COUNT_AXIS,
+        lambda v: f"{v:,.0f} rows/s",
+        "throughput (rows per second)",
+    ),
+    LineChart(
+        "churn",
+        "Keys added and forgotten by each window",
+        (
+            ("keys_added", lambda c: float(c.keys_added)),
+            ("keys_forgotten", lambda c: float(c.keys_forgotten)),
+        ),
+        COUNT_AXIS,
+        lambda v: f"{int(v):,}",
+        "keys (count)",
+    ),
+    LineChart(
+        "keys",
+        "Remembered keys, and expired keys awaiting fold, after each window",
+        (
+            ("keys_remembered", lambda c: float(c.keys_remembered)),
+            ("keys_expired_unfolded", lambda c: _optional(c.keys_expired_unfolded)),
+        ),
+        COUNT_AXIS,
+        lambda v: f"{int(v):,}",
+        "remembered keys (count)",
+    ),
+    LineChart(
+        "bytes",
+        "The store's size: bytes of its live window files",
+        (("store_bytes", lambda c: float(c.store_bytes)),),
+        BYTES_AXIS,
+        lambda v: human_bytes(int(v)),
+        "store size (bytes)",
+    ),
+    LineChart(
+        "retries",
+        "Store retries: requests the storage throttled, dropped or left unanswered",
+        (("store_retries", lambda c: float(c.store_retries)),),
+        RETRIES_AXIS,
+        lambda v: f"{int(v):,}",
+        "requests retried (count)",
+    ),
+    DrawnChart("Latest and expiry points", lambda data: _points_chart(data.columns, _mode(data))),
+    DrawnChart("How far behind the data is: commit time minus the latest point", _lag_chart),
+)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -16,6 +16,8 @@ import pyarrow.compute as pc
 from dedupsink.engine.classify import PORTS
 from dedupsink.inspection.history import history
 from dedupsink.inspection.location import Location
+from dedupsink.inspection.state import holder_of, period_seconds
+from dedupsink.inspection.verdict import Verdict, judge
 from dedupsink.store.records import StoreSettings
 from dedupsink.units import micros_since_epoch
 
@@ -36,6 +38,7 @@ class Column:
     committed_at: datetime  # the last window's
     counts: dict[str, int]  # rows per port, summed over the group
     keys_remembered: int
+    keys_expired_unfolded: int | None  # None in rows recorded before they were counted apart
     store_bytes: int
     latest_point: float | None
     expiry_point: float | None
@@ -51,6 +54,10 @@ class Column:
     error_reasons: dict[str, int]  # error rows by reason, summed
     store_retries: int = 0  # requests to the storage retried, summed over the group
     store_wait_seconds: float = 0.0  # seconds lost to them, summed
+    # Wall time from each window's first task's start to its commit point, and of its commit,
+    # summed over the group's windows; None where no window of the group recorded them.
+    wall_seconds: float | None = None
+    commit_seconds: float | None = None
 
     @property
     def rows(self) -> int:
@@ -84,6 +91,7 @@ class ReportSummary:
     last_commit: datetime
     totals: dict[str, int]  # rows per port
     keys_remembered: int
+    keys_expired_unfolded: int | None  # expired keys awaiting a fold (None: not counted)
     store_bytes: int
     latest_text: str | None
     expiry_text: str | None
@@ -105,6 +113,7 @@ class ReportData:
     summary: ReportSummary | None
     columns: tuple[Column, ...]
     recent: tuple[Column, ...] = ()  # the last ``RECENT_WINDOWS`` windows, one a column
+    verdict: Verdict | None = None  # healthy or not (None: not judged, no store read)
 
     @property
     def time_points(self) -> bool:
@@ -121,12 +130,19 @@ class ReportData:
         return math.ceil(self.windows / len(self.columns)) if self.columns else 1
 
 
-def report_data(location: Location, last: int | None = None) -> ReportData:
+def report_data(
+    location: Location, last: int | None = None, now: datetime | None = None
+) -> ReportData:
     """What the report of the located store's history draws (its last ``last`` windows when
-    given)."""
+    given), and the verdict on it at ``now`` (by default the clock's time)."""
+    now = now or datetime.now(UTC)
     rows = history(location, last)
     manifest = location.store().read()
-    return digest(rows, location.store_url, None if manifest is None else manifest.settings)
+    if manifest is None:
+        return digest(rows, location.store_url, None)
+    data = digest(rows, location.store_url, manifest.settings)
+    verdict = judge(rows.to_pylist(), holder_of(manifest), now, period_seconds(manifest))
+    return replace(data, verdict=verdict)
 
 
 def digest(
@@ -159,6 +175,7 @@ def _summary(rows: pa.Table) -> ReportSummary:
         last_commit=last["committed_at"],
         totals={port: int(pc.sum(rows.column(port)).as_py() or 0) for port in PORTS},
         keys_remembered=last["keys_remembered"],
+        keys_expired_unfolded=last["keys_expired_unfolded"],
         store_bytes=last["store_bytes"],
         latest_text=last["latest_point_text"],
         expiry_text=last["expiry_point_text"],
@@ -209,6 +226,7 @@ _COLUMN_NAMES = (
     "committed_at",
     *PORTS,
     "keys_remembered",
+    "keys_expired_unfolded",
     "store_bytes",
     "latest_point",
     "expiry_point",
@@ -217,6 +235,8 @@ _COLUMN_NAMES = (
     "query_id",
     "batch_id",
     "task_seconds",
+    "wall_seconds",
+    "commit_seconds",
     "keys_added",
     "keys_forgotten",
     "error_reasons",
@@ -244,6 +264,7 @@ def _column(
         committed_at=values["committed_at"][end],
         counts={port: sum(values[port][start:stop]) for port in PORTS},
         keys_remembered=values["keys_remembered"][end],
+        keys_expired_unfolded=values["keys_expired_unfolded"][end],
         store_bytes=values["store_bytes"][end],
         latest_point=values["latest_point"][end],
         expiry_point=values["expiry_point"][end],
@@ -259,12 +280,20 @@ def _column(
         error_reasons=reasons,
         store_retries=int(_total(values["store_retries"][start:stop])),
         store_wait_seconds=float(_total(values["store_wait_seconds"][start:stop])),
+        wall_seconds=_total_or_none(values["wall_seconds"][start:stop]),
+        commit_seconds=_total_or_none(values["commit_seconds"][start:stop]),
     )
 
 
 def _total(values: list[Any]) -> float:
     """A sum over the windows that recorded the value (a null counts nothing)."""
     return sum(value for value in values if value is not None)
+
+
+def _total_or_none(values: list[Any]) -> float | None:
+    """A sum over the windows that recorded the value; None if none did."""
+    recorded = [value for value in values if value is not None]
+    return float(sum(recorded)) if recorded else None
 
 
 def _summed_reasons(windows: list[Any]) -> dict[str, int]:

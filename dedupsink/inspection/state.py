@@ -21,9 +21,12 @@ from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.inspection.jsonout import document, moment_text, window_record
 from dedupsink.inspection.location import Location
 from dedupsink.inspection.points import PointDomain, point_text
+from dedupsink.inspection.verdict import Holder, Verdict, judge
 from dedupsink.ports.base import CatalogInfo, PortFormat
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
+from dedupsink.store.history import read_history
+from dedupsink.store.ownership import RELEASED_BY
 from dedupsink.store.records import Owner, StoreSettings, StoreTotals, WindowRecord, now_ms
 from dedupsink.store.storage import join
 from dedupsink.store.store import BucketStore
@@ -225,7 +228,8 @@ class StoreState:
     latest: Point
     expiry_point: Point
     categories: tuple[str, ...]
-    remembered_keys: int
+    remembered_keys: int  # the keys that make a re-send a duplicate: above the expiry point
+    expired_unfolded_keys: int  # at or below it, still in window files until a fold
     index: DiskUse
     owner: OwnerState | None
     fenced: tuple[FencedRun, ...]
@@ -263,6 +267,7 @@ class StoreState:
             "expiry_point": self.domain.to_json(self.expiry_point.value),
             "categories": list(self.categories),
             "remembered_keys": self.remembered_keys,
+            "expired_unfolded_keys": self.expired_unfolded_keys,
             "index": self.index.to_dict(),
             "owner": None if self.owner is None else self.owner.to_dict(),
             "fenced": [fence.to_dict() for fence in self.fenced],
@@ -292,6 +297,7 @@ class Inspection:
     version: int | None
     disk: DiskUse
     state: StoreState | None
+    verdict: Verdict | None = None  # None: nothing committed yet
 
     def to_dict(self) -> dict[str, Any]:
         result: dict[str, Any] = {
@@ -300,6 +306,8 @@ class Inspection:
             "version": self.version,
             "disk": self.disk.to_dict(),
         }
+        if self.verdict is not None:
+            result["verdict"] = self.verdict.to_dict()
         if self.state is not None:
             result.update(self.state.to_dict())
         return document("inspect", result)
@@ -313,7 +321,31 @@ def inspect_store(location: Location) -> Inspection:
     if manifest is None:
         return Inspection(store.url, location.output_url, None, disk, None)
     state = _store_state(store, manifest, location.ports(manifest))
-    return Inspection(store.url, location.output_url, manifest.version, disk, state)
+    verdict = store_verdict(store, manifest)
+    return Inspection(store.url, location.output_url, manifest.version, disk, state, verdict)
+
+
+def store_verdict(store: BucketStore, manifest: Manifest, now: datetime | None = None) -> Verdict:
+    """Is the store healthy? Its history judged by the README's rules (``verdict.judge``)."""
+    rows = read_history(store).to_pylist()
+    return judge(rows, holder_of(manifest), now or utc_moment(now_ms()), period_seconds(manifest))
+
+
+def holder_of(manifest: Manifest) -> Holder:
+    """Who holds the store, and the runs another query took it from."""
+    owner = manifest.owner
+    taken = tuple((f.query, f.by, f.version) for f in manifest.fenced if f.by != RELEASED_BY)
+    if owner is None:
+        return Holder(taken_over=taken)
+    return Holder(owner.query, utc_moment(owner.lapses_at_ms()), taken)
+
+
+def period_seconds(manifest: Manifest) -> float | None:
+    """The expiry period in seconds where the points are times (µs), else None."""
+    settings = manifest.settings
+    if settings.mode not in ("tupleTime", "systemTime") or settings.period is None:
+        return None
+    return settings.period / 1e6
 
 
 def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | None) -> StoreState:
@@ -331,6 +363,7 @@ def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | Non
         expiry_point=Point(expiry, point_text(expiry, settings, categories)),
         categories=categories,
         remembered_keys=manifest.remembered_keys,
+        expired_unfolded_keys=manifest.expired_unfolded_keys,
         index=DiskUse(len(manifest.files), sum(f.nbytes for f in manifest.files.values())),
         owner=None if manifest.owner is None else OwnerState.of(manifest.owner),
         fenced=tuple(FencedRun(f.query, f.run, f.by, f.version) for f in manifest.fenced),

@@ -24,6 +24,7 @@ Each step is safe to crash after (docs/ARCHITECTURE.md, "The commit protocol"):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -79,6 +80,7 @@ class CommitReport:
     store_files: int = 0
     store_bytes: int = 0
     remembered: int = 0
+    expired_unfolded: int = 0  # keys at or below the expiry point awaiting a fold
     cache_hit_rate: float | None = None
     assume_same_expiry: bool | None = None  # None in the modes the setting does not apply to
     state: StateUse = field(default_factory=StateUse)
@@ -93,6 +95,9 @@ class CommitReport:
             for process, use in sorted(self.held.items())
         )
 
+    def _awaiting_fold(self) -> str:
+        return f" (+{self.expired_unfolded} expired awaiting fold)" if self.expired_unfolded else ""
+
     def line(self) -> str:
         hit = "n/a" if self.cache_hit_rate is None else f"{self.cache_hit_rate:.0%}"
         setting = ""
@@ -102,7 +107,7 @@ class CommitReport:
             f"dedup window {self.version} (batch {self.batch_id}): "
             f"{self.counts.text()} | store "
             f"{self.store_files} files {self.store_bytes / 1e6:.1f} MB {self.remembered} keys"
-            f" | {self.state.text()} | cache hits {hit}{setting}"
+            f"{self._awaiting_fold()} | {self.state.text()} | cache hits {hit}{setting}"
             f" | {self.store_waits.text()}"
         )
 
@@ -110,6 +115,7 @@ class CommitReport:
 def commit_window(
     plan: SinkPlan, summaries: Sequence[TaskSummary | None], batch_id: int
 ) -> CommitReport | None:
+    commit_started_at = time.time()
     done = sorted((s for s in summaries if s is not None), key=lambda s: s.identity.partition)
     if not done:
         return None
@@ -131,7 +137,15 @@ def commit_window(
         written = files_written_by_commit(plan, store, base, done, settling, moves)
         schema_files = empty_port_files(plan, output, base, done)
         window = WindowCommit(
-            plan, base, writer, batch_id, done, schema_files, now_ms(), WAITS.now() - waits
+            plan,
+            base,
+            writer,
+            batch_id,
+            done,
+            schema_files,
+            now_ms(),
+            WAITS.now() - waits,
+            commit_started_at,
         )
         transaction = window.transaction(written, cross_partition(done, moves))
         committed = transaction.commit(store, window.now_ms)
@@ -305,6 +319,7 @@ def _report(
         store_files=len(committed.files),
         store_bytes=sum(f.nbytes for f in committed.files.values()),
         remembered=committed.remembered_keys,
+        expired_unfolded=committed.expired_unfolded_keys,
         cache_hit_rate=hits / (hits + misses) if hits + misses else None,
         state=last.state if last else StateUse(),
         held={s.process: s.state for s in done if s.process},

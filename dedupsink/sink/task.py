@@ -74,6 +74,7 @@ class TaskSummary:
     state: StateUse = field(default_factory=StateUse)
     process: str = ""  # host and pid of the task's process: the commit counts each once
     seconds: float = 0.0
+    started_at: float = 0.0  # when the task started, seconds since the epoch (wall clock)
     classify_seconds: float = 0.0
     error_reasons: dict[str, int] = field(default_factory=dict)  # error rows per reason
     store_waits: StoreWaits = field(default_factory=StoreWaits)  # requests retried, seconds
@@ -112,10 +113,11 @@ def run_task(
     plan: SinkPlan, identity: TaskIdentity, batches: Iterator[pa.RecordBatch]
 ) -> TaskSummary:
     started, waits = time.perf_counter(), WAITS.now()
+    started_at = time.time()
     tune_worker_process()
     store, options = plan.store, plan.options
     manifest = store.read() or store.open(plan.settings)
-    summary = TaskSummary(identity, manifest.version, manifest.store_id)
+    summary = TaskSummary(identity, manifest.version, manifest.store_id, started_at=started_at)
     if manifest.queries.get(identity.query_id, -1) >= identity.batch_id:
         summary.skipped = True  # a re-run of a committed batch: its outputs already exist
         return summary

@@ -20,7 +20,7 @@ from dedupsink.ports.output import Output, PortFile
 from dedupsink.sink.plan import SinkPlan
 from dedupsink.sink.settle import Moved, SettlingTask, StagedKeys
 from dedupsink.sink.task import TaskSummary
-from dedupsink.store.cache import manager_for
+from dedupsink.store.cache import manager_for, segment_stamps
 from dedupsink.store.compaction import (
     KeysContext,
     WrittenWindowFile,
@@ -46,6 +46,7 @@ from dedupsink.store.transaction import (
     AssertBase,
     AssertBatchNew,
     AssertNotFenced,
+    CountExpiredUnfolded,
     DropExpiredFiles,
     FoldSegments,
     ForgetCollectedTombstones,
@@ -69,6 +70,7 @@ class WindowCommit:
     schema_files: list[PortFile]  # empty files giving a port without rows its schema
     now_ms: int
     commit_waits: StoreWaits = field(default_factory=StoreWaits)  # the commit's, so far
+    commit_started_at: float | None = None  # seconds since the epoch
 
     def transaction(
         self, written_by_commit: list[WrittenWindowFile], cross_partition: int
@@ -94,6 +96,7 @@ class WindowCommit:
                 FoldSegments.of(written),
                 AdvanceLatestPoint(policy, self._window_stamps(), int(time.time() * 1_000_000)),
                 DropExpiredFiles(policy),
+                *self._count_expired_unfolded(),
                 RecordWindow(
                     writer.query,
                     self.batch_id,
@@ -103,10 +106,20 @@ class WindowCommit:
                     StateUse.of_tasks([(t.process, t.state) for t in self.tasks]),
                     error_reasons(t.error_reasons for t in self.tasks),
                     sum((t.store_waits for t in self.tasks), self.commit_waits),
+                    min((t.started_at for t in self.tasks if t.started_at), default=None),
+                    self.commit_started_at,
                 ),
                 RecordPublication(publication, ports),
             ),
         )
+
+    def _count_expired_unfolded(self) -> tuple[CountExpiredUnfolded, ...]:
+        """Counting the expired keys awaiting a fold, in the modes where keys expire."""
+        dtype = stamp_dtype(self.plan.settings)
+        if not self.plan.settings.has_expiry or dtype is None:
+            return ()
+        policy = self.plan.settings.expiry
+        return (CountExpiredUnfolded(policy, segment_stamps(self.plan.store, dtype)),)
 
     def _window_stamps(self) -> tuple[float, ...]:
         return tuple(t.max_stamp for t in self.tasks if t.max_stamp is not None)

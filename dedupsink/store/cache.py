@@ -571,3 +571,15 @@ def manager_for(
             manager = BucketManager(store, cache, stamp_dtype, shared)
             _managers[key] = manager
     return manager.use(manifest)
+
+
+def segment_stamps(store: BucketStore, stamp_dtype: np.dtype) -> Callable[..., np.ndarray]:
+    """A reader of committed segments' final stamps at a version, outside any cache: what the
+    commit counts expired keys awaiting a fold with (``transaction.CountExpiredUnfolded``)."""
+
+    def read(manifest: Manifest, segments: list[Segment]) -> np.ndarray:
+        manager = BucketManager(store, BucketCache(1), stamp_dtype).use(manifest)
+        stamps = manager.read_segments(segments).stamps
+        return np.empty(0, stamp_dtype) if stamps is None else stamps
+
+    return read

@@ -153,7 +153,8 @@ class KeysContext:
 
 @dataclass
 class _FileLayout:
-    """A window file as it is laid out: its byte chunks, segments, size, keys, newest stamp."""
+    """A window file as it is laid out: its byte chunks, segments, size, keys, newest and
+    oldest final stamps."""
 
     name: str
     chunks: list[bytes | memoryview]
@@ -161,16 +162,24 @@ class _FileLayout:
     nbytes: int
     count: int
     newest: float | None
+    oldest: float | None
 
     def add(
-        self, pieces: list[memoryview], bucket: int, segment: Segment, top: float | None
+        self,
+        pieces: list[memoryview],
+        bucket: int,
+        segment: Segment,
+        stamps: tuple[float | None, float | None],
     ) -> None:
         self.chunks.extend(pieces)
         self.segments[bucket] = segment
         self.nbytes += segment.length
         self.count += segment.count
+        top, low = stamps
         if top is not None:
             self.newest = top if self.newest is None else max(self.newest, top)
+        if low is not None:
+            self.oldest = low if self.oldest is None else min(self.oldest, low)
 
 
 def write_window_file(
@@ -192,8 +201,15 @@ def write_window_file(
     joining = np.isin(keys.buckets, [fold.bucket for fold, _ in byte_folds])
     data, segments = _encode(keys, ~joining, name)
     count = len(keys.h1) - int(joining.sum())
+    known = _known(keys.stamps, context.settings)
     layout = _FileLayout(
-        name, [data], segments, len(data), count, _known_max(keys.stamps, context.settings)
+        name,
+        [data],
+        segments,
+        len(data),
+        count,
+        None if known is None else known.max().item(),
+        None if known is None else known.min().item(),
     )
     # The new keys of buckets folded as bytes join their folds, as segments of their own.
     joined = _encode(keys, joining, name)
@@ -211,6 +227,7 @@ def write_window_file(
         buckets=sorted(layout.segments),
         max_stamp=layout.newest,
         local_categories=list(context.new_categories),
+        min_stamp=layout.oldest,
     )
     written.segments = layout.segments
     return written
@@ -235,11 +252,11 @@ def _add_byte_fold(
         paths.insert(0, store.data_url(layout.name))
     dtype = stamp_dtype(context.settings)
     each_key = not context.settings.buckets_by_time  # a hash bucket's segments mix old and new
-    pieces, segment, top = concat_segments(
+    pieces, segment, top, low = concat_segments(
         raws, parts, dtype, paths, layout.name, layout.nbytes, context.expiry_point, each_key
     )
     if segment is not None:  # None: every folded key is expired, the segments just leave
-        layout.add(pieces, fold.bucket, segment, top)
+        layout.add(pieces, fold.bucket, segment, (top, low))
 
 
 def fold_producers(
@@ -318,10 +335,10 @@ def _encode(
     return encode_segments(keys.buckets[rows], keys.h1[rows], keys.h2[rows], stamps, name)
 
 
-def _known_max(stamps: np.ndarray | None, settings: Settings) -> float | None:
-    """The largest stamp the task knows; provisional (negative) category numbers and window
-    times are resolved by the commit."""
+def _known(stamps: np.ndarray | None, settings: Settings) -> np.ndarray | None:
+    """The stamps the task knows as final (None if none); provisional (negative) category
+    numbers and window times are resolved by the commit."""
     if stamps is None or not len(stamps):
         return None
     known = stamps[stamps >= 0] if settings.provisional_stamps else stamps
-    return known.max().item() if len(known) else None
+    return known if len(known) else None

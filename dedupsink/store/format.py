@@ -70,8 +70,8 @@ segment_ident = itemgetter(0, 1)
 
 @dataclass(frozen=True)
 class WindowFile:
-    """A window file with the version that added it, its buckets, max expiry value and
-    (systemTime) window time.
+    """A window file with the version that added it, its buckets, max and min expiry values
+    and (systemTime) window time.
 
     Frozen: a file stays listed by every version until it expires or is folded, and each
     version's manifest packs it again. It is packed once (``packed``); a changed file is a new
@@ -85,6 +85,10 @@ class WindowFile:
     buckets: list[int]
     max_stamp: float | None = None
     local_categories: list[str] = field(default_factory=list)
+    # The smallest final stamp (None: not known, as in files written before it was recorded):
+    # a file whose smallest stamp is above the expiry point holds no forgotten key, so the
+    # commit counts expired keys without reading it (``transaction.CountExpiredUnfolded``).
+    min_stamp: float | None = None
 
     @cached_property
     def packed(self) -> bytes:
@@ -92,6 +96,8 @@ class WindowFile:
         lists about 250 files, and packing their entries again was a third of each commit's
         encoding."""
         entry = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.min_stamp is None:  # absent when unknown, so older entries re-encode identically
+            del entry["min_stamp"]
         entry = {_WIRE_NAMES.get(name, name): value for name, value in entry.items()}
         return msgpack.packb(entry, use_bin_type=True)
 
@@ -151,7 +157,16 @@ class Manifest:
 
     @property
     def remembered_keys(self) -> int:
+        """The keys (or producers) that still make a re-send a duplicate: stamped above the
+        expiry point."""
         return self.totals.remembered
+
+    @property
+    def expired_unfolded_keys(self) -> int:
+        """Keys at or below the expiry point still in window files ("expired, awaiting fold"),
+        waiting for a fold or their file's expiry to remove them: no re-send is a duplicate
+        of them."""
+        return self.totals.expired_unfolded
 
     def category_ordinals(self) -> dict[str, int]:
         return {name: index for index, name in enumerate(self.categories)}
@@ -339,20 +354,20 @@ def concat_segments(
     offset: int,
     forget_at_or_below: float | None = None,
     each_key: bool = False,
-) -> tuple[list[memoryview], Segment | None, float | None]:
+) -> tuple[list[memoryview], Segment | None, float | None, float | None]:
     """Several checked segments as one, without sorting: the ``h1`` lanes back to back, then
     the ``h2`` lanes, then the stamps. Segments whose every stamp is at or below
     ``forget_at_or_below`` are left out (their keys are forgotten); with ``each_key`` so are
     such keys of the other segments (a hash bucket's segments mix old and new keys; a time
     bucket's are dropped whole). Returns the new segment's byte chunks (views of ``raws``
     where no key was left out), its index entry at ``offset`` in ``file_name`` (None if
-    nothing is left), and its largest stamp."""
+    nothing is left), and its largest and smallest stamps."""
     for raw, segment, path in zip(raws, segments, paths, strict=True):
         check_segment(raw, segment, stamp_dtype, path)
     width = 2 + (stamp_dtype is not None)
     little = None if stamp_dtype is None else np.dtype(stamp_dtype).newbyteorder("<")
     kept: list[list[memoryview]] = []
-    count, top = 0, None
+    count, top, low = 0, None, None
     for raw, segment in zip(raws, segments, strict=True):
         n = segment.count
         lanes = [memoryview(raw)[8 * n * lane : 8 * n * (lane + 1)] for lane in range(width)]
@@ -365,18 +380,19 @@ def concat_segments(
                 if each_key and not alive.all():
                     lanes = [_kept_words(lane, alive) for lane in lanes]
                     stamps, n = stamps[alive], int(alive.sum())
-            highest = stamps.max().item()
+            highest, lowest = stamps.max().item(), stamps.min().item()
             top = highest if top is None else max(top, highest)
+            low = lowest if low is None else min(low, lowest)
         if n:
             kept.append(lanes)
             count += n
     if not kept:
-        return [], None, None
+        return [], None, None, None
     chunks = [lanes[lane] for lane in range(width) for lanes in kept]
     crc = 0
     for chunk in chunks:
         crc = zlib.crc32(chunk, crc)
-    return chunks, Segment(file_name, offset, 8 * count * width, count, crc), top
+    return chunks, Segment(file_name, offset, 8 * count * width, count, crc), top, low
 
 
 def _kept_words(lane: memoryview, keep: np.ndarray) -> memoryview:

@@ -74,6 +74,10 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("keys_added", pa.int64()),
     ("keys_forgotten", pa.int64()),
     ("keys_remembered", pa.int64()),
+    # Keys at or below the expiry point still in window files, awaiting a fold (no re-send is
+    # a duplicate of them: not remembered); null in rows recorded before they were counted
+    # apart, whose ``keys_remembered`` included them.
+    ("keys_expired_unfolded", pa.int64()),
     ("cross_partition_duplicates", pa.int64()),
     ("latest_point", pa.float64()),
     ("latest_point_text", pa.string()),
@@ -82,6 +86,10 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("store_files", pa.int64()),
     ("store_bytes", pa.int64()),
     ("task_seconds", pa.float64()),
+    # Wall time from the window's first task's start to its commit point, and of its commit
+    # alone; null in rows recorded before they were.
+    ("wall_seconds", pa.float64()),
+    ("commit_seconds", pa.float64()),
     # The bytes of remembered keys the window's tasks used (records.StateUse); null in the
     # rows of windows committed before they were counted.
     ("state_loaded_bytes", pa.int64()),
@@ -127,6 +135,7 @@ def row_of(manifest: Manifest) -> Row | None:
         "keys_added": last.new_keys,
         "keys_forgotten": last.dropped_keys,
         "keys_remembered": manifest.remembered_keys,
+        "keys_expired_unfolded": manifest.expired_unfolded_keys,
         "cross_partition_duplicates": last.cross_partition_duplicates,
         "latest_point": None if latest is None else float(latest),
         "latest_point_text": point_text(latest, settings, manifest.categories),
@@ -135,6 +144,8 @@ def row_of(manifest: Manifest) -> Row | None:
         "store_files": len(manifest.files),
         "store_bytes": sum(window_file.nbytes for window_file in manifest.files.values()),
         "task_seconds": float(last.task_seconds),
+        "wall_seconds": last.wall_seconds,
+        "commit_seconds": last.commit_seconds,
         **_state_columns(last.state),
         "error_reasons": [{"reason": reason, "rows": rows} for reason, rows in last.error_reasons],
         "store_retries": last.store_waits.retries,

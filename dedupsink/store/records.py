@@ -395,6 +395,10 @@ class WindowRecord:
     # Requests to the store and the ports' storage its tasks and its commit (up to the commit
     # point) retried, and the seconds lost to them: a brownout shows here.
     store_waits: StoreWaits = field(default_factory=StoreWaits)
+    # Wall time from the window's first task's start to its commit point, and of its commit
+    # alone (from the tasks' end to the commit point); None in records written before.
+    wall_seconds: float | None = None
+    commit_seconds: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -413,6 +417,8 @@ class WindowRecord:
             wire["errors"] = [list(entry) for entry in self.error_reasons]
         if self.store_waits.retries:  # the same
             wire["store"] = [self.store_waits.retries, round(self.store_waits.seconds, 3)]
+        if self.wall_seconds is not None:  # the same
+            wire["wall"] = [self.wall_seconds, self.commit_seconds]
         return wire
 
     @classmethod
@@ -431,7 +437,15 @@ class WindowRecord:
             StateUse.from_wire(value.get("state")),
             tuple((str(reason), int(rows)) for reason, rows in value.get("errors") or ()),
             StoreWaits(*_waits(value.get("store"))),
+            *_wall(value.get("wall")),
         )
+
+
+def _wall(value: Any) -> tuple[float | None, float | None]:
+    if not value:
+        return None, None
+    wall, commit = value
+    return float(wall), None if commit is None else float(commit)
 
 
 def _waits(value: Any) -> tuple[int, float]:
@@ -451,22 +465,39 @@ def error_reasons(counts: Iterable[Mapping[str, int]]) -> tuple[tuple[str, int],
 @dataclass(frozen=True)
 class StoreTotals:
     """What a store counted over all its windows: how many it committed, the keys (or
-    producers) it remembers now, and the rows each port was given."""
+    producers) it remembers now, the rows each port was given, and the keys its window files
+    still hold though they are at or below the expiry point (``expired_unfolded``: no re-send
+    is a duplicate of them; they wait for a fold or their file's expiry to remove them).
+
+    ``remembered`` are the keys that make a re-send a duplicate. A store committed before
+    ``expired_unfolded`` was counted (the key absent) counted both as remembered, until its next
+    window."""
 
     windows: int = 0
     remembered: int = 0
     counts: WindowCounts = field(default_factory=WindowCounts)
+    expired_unfolded: int = 0
 
-    def after_window(self, counts: WindowCounts, remembered: int) -> StoreTotals:
-        return StoreTotals(self.windows + 1, remembered, self.counts + counts)
+    def after_window(
+        self, counts: WindowCounts, remembered: int, expired_unfolded: int = 0
+    ) -> StoreTotals:
+        return StoreTotals(self.windows + 1, remembered, self.counts + counts, expired_unfolded)
 
     def to_wire(self) -> dict[str, int]:
         if self == StoreTotals():
             return {}  # a store records no totals before its first window
-        return {"remembered": self.remembered, "windows": self.windows, **self.counts.as_dict()}
+        wire = {"remembered": self.remembered, "windows": self.windows, **self.counts.as_dict()}
+        if self.expired_unfolded:  # absent when none: older totals re-encode identically
+            wire["expired_unfolded"] = self.expired_unfolded
+        return wire
 
     @classmethod
     def from_wire(cls, value: dict[str, int]) -> StoreTotals:
         if not value:
             return cls()
-        return cls(int(value["windows"]), int(value["remembered"]), WindowCounts.from_dict(value))
+        return cls(
+            int(value["windows"]),
+            int(value["remembered"]),
+            WindowCounts.from_dict(value),
+            int(value.get("expired_unfolded", 0)),
+        )

@@ -10,9 +10,12 @@ here reads a row or knows Spark; the sink builds a window's updates from its tas
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
+
+import numpy as np
 
 from dedupsink.engine.expiry_policy import ExpiryPolicy, is_expired
 from dedupsink.errors import StoreConflictError
@@ -87,6 +90,7 @@ class NextVersion:
     manifest: Manifest
     added: list[WrittenWindowFile] = field(default_factory=list)  # by ``AddWindowFiles``
     dropped_keys: int = 0  # by ``DropExpiredFiles``
+    expired_unfolded_keys: int = 0  # by ``CountExpiredUnfolded``
 
 
 class Update(Protocol):
@@ -170,8 +174,10 @@ class AddWindowFiles:
                 continue
             if window_file.local_categories:
                 top = max(ordinals[name] for name in window_file.local_categories)
+                low = min(ordinals[name] for name in window_file.local_categories)
                 newest = top if window_file.max_stamp is None else max(window_file.max_stamp, top)
-                window_file = replace(window_file, max_stamp=newest)
+                oldest = low if window_file.min_stamp is None else min(window_file.min_stamp, low)
+                window_file = replace(window_file, max_stamp=newest, min_stamp=oldest)
             manifest.files[window_file.name] = window_file
             for bucket, segment in written.segments.items():
                 manifest.buckets.setdefault(bucket, []).append(segment)
@@ -241,7 +247,12 @@ class AdvanceLatestPoint:
         for written in next_version.added:
             if written.window_file is not None:
                 name = written.window_file.name
-                manifest.files[name] = replace(manifest.files[name], max_stamp=manifest.latest)
+                window_file = manifest.files[name]
+                # Its keys' placeholders mean this time; a fold's final stamps are older.
+                oldest = manifest.latest if window_file.min_stamp is None else window_file.min_stamp
+                manifest.files[name] = replace(
+                    window_file, max_stamp=manifest.latest, min_stamp=oldest
+                )
 
 
 @dataclass(frozen=True)
@@ -273,6 +284,42 @@ class DropExpiredFiles:
             next_version.dropped_keys += window_file.keys
 
 
+# The final stamps of some committed segments of a version (``BucketManager.read_segments``).
+StampReader = Callable[[Manifest, list[Segment]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class CountExpiredUnfolded:
+    """Count the keys at or below the expiry point still in window files (a file leaves once
+    its newest key is forgotten, a time bucket's segment once folded): remembered keys are the
+    others. Only files whose oldest stamp is at or below the expiry point, or unknown (files
+    written before it was recorded), are read: in a stream that keeps up, the one or two
+    files the expiry point is passing through."""
+
+    policy: ExpiryPolicy
+    read_stamps: StampReader
+
+    def apply(self, next_version: NextVersion) -> None:
+        manifest = next_version.manifest
+        expiry_point = self.policy.expiry_point(manifest.latest)
+        if expiry_point is None:
+            return
+        straddling = {
+            name
+            for name, window_file in manifest.files.items()
+            if window_file.min_stamp is None or is_expired(window_file.min_stamp, expiry_point)
+        }
+        segments = [
+            segment
+            for bucket in sorted(manifest.buckets)
+            for segment in manifest.buckets[bucket]
+            if segment.file in straddling
+        ]
+        if segments:
+            stamps = self.read_stamps(manifest, segments)
+            next_version.expired_unfolded_keys = int(is_expired(stamps, expiry_point).sum())
+
+
 @dataclass(frozen=True)
 class RecordWindow:
     """What the window did: its counts, added to the store's totals, and its record."""
@@ -285,11 +332,17 @@ class RecordWindow:
     state: StateUse = field(default_factory=StateUse)
     error_reasons: tuple[tuple[str, int], ...] = ()
     store_waits: StoreWaits = field(default_factory=StoreWaits)
+    # When the window's first task and its commit started (seconds since the epoch; None: not
+    # known), and the clock that says when the commit point is reached.
+    tasks_started_at: float | None = None
+    commit_started_at: float | None = None
+    clock: Callable[[], float] = time.time
 
     def apply(self, next_version: NextVersion) -> None:
         manifest = next_version.manifest
-        remembered = sum(s.count for bucket in manifest.buckets.values() for s in bucket)
-        manifest.totals = manifest.totals.after_window(self.counts, remembered)
+        kept = sum(s.count for bucket in manifest.buckets.values() for s in bucket)
+        expired = next_version.expired_unfolded_keys
+        manifest.totals = manifest.totals.after_window(self.counts, kept - expired, expired)
         manifest.last_window = WindowRecord(
             version=manifest.version,
             query=self.query,
@@ -302,7 +355,17 @@ class RecordWindow:
             state=self.state,
             error_reasons=self.error_reasons,
             store_waits=self.store_waits,
+            **self._wall_times(),
         )
+
+    def _wall_times(self) -> dict[str, float | None]:
+        if self.tasks_started_at is None or self.commit_started_at is None:
+            return {}
+        now = self.clock()
+        return {
+            "wall_seconds": round(now - self.tasks_started_at, 3),
+            "commit_seconds": round(now - self.commit_started_at, 3),
+        }
 
 
 @dataclass(frozen=True)
