@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import IO
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+# pyarrow.compute (tens of ms to import) is imported by the functions that use it: Spark's
+# planner and commit processes import this module for a query's first batch and need none.
 from dedupsink.engine.settings import ERROR_COLUMN
 
 _DICTIONARY_SAMPLE_ROWS = 1024
@@ -29,6 +30,8 @@ def port_schema(port: str, schema: pa.Schema) -> pa.Schema:
 
 def dictionary_columns(data: pa.Table | pa.RecordBatch) -> list[str]:
     """The flat columns worth dictionary-encoding: few distinct values among the first rows."""
+    import pyarrow.compute as pc
+
     sample = data.slice(0, _DICTIONARY_SAMPLE_ROWS)
     chosen = []
     for index, field in enumerate(sample.schema):
