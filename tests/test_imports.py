@@ -39,3 +39,35 @@ def test_the_data_source_schema_is_the_history_schema() -> None:
 
     expected = from_arrow_schema(SCHEMA, prefer_timestamp_ntz=False)
     assert DedupDataSource(options={}).schema() == expected
+
+
+def test_planning_and_committing_import_no_compute_kernels_nor_other_formats() -> None:
+    """Spark's planner and commit processes import the sink afresh for a query's first batch:
+    they import neither pyarrow.compute (the tasks' classification needs it) nor the modules
+    of a port format the query does not use."""
+    probe = (
+        "import sys, tempfile\n"
+        "import pyarrow as pa\n"
+        "from dedupsink.sink.plan import plan_for\n"
+        "import dedupsink.sink.commit\n"
+        "schema = pa.schema([('id', pa.string()), ('t', pa.timestamp('us', 'UTC'))])\n"
+        "options = {'path': tempfile.mkdtemp() + '/out', 'keys': 'id', 'expiryKey': 't',\n"
+        "           'expiryPeriod': '1 hour'}\n"
+        "plan_for(options, schema, 'run', 'once')\n"
+        "prefixes = ('pyarrow.compute', 'dedupsink.ports.delta', 'dedupsink.ports.iceberg',\n"
+        "            'dedupsink.ports.compaction', 'deltalake', 'pyiceberg')\n"
+        "print(' '.join(m for m in sys.modules if m.startswith(prefixes)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == []
+
+
+def test_each_port_format_is_found_by_its_name() -> None:
+    from dedupsink.ports.formats import COMPACTORS, FORMATS, _class_of
+
+    assert {name: _class_of(where).name for name, where in FORMATS.items()} == {
+        name: name for name in FORMATS
+    }
+    assert all(_class_of(where).__name__.endswith("Compactor") for where in COMPACTORS.values())

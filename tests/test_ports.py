@@ -354,3 +354,25 @@ def test_an_iceberg_commit_from_a_handle_another_writer_overtook_reads_the_table
     assert len(unique.snapshots()) == 2  # one a window
     store = sink.plan.store.read()
     assert store is not None and published_version(unique, store.store_id) == 2
+
+
+def test_a_tasks_port_files_share_the_encoding_its_first_rows_chose(tmp_path: Path) -> None:
+    """A task counts the distinct values of its first rows of a schema once: its later files
+    of that schema (another port, the next chunk) dictionary-encode the same columns."""
+    import pyarrow.parquet as pq
+
+    from dedupsink.ports.output import Output, PortWriters
+
+    output = Output(str(tmp_path))
+    writers = PortWriters(output, "_staging/w0000000001-q-0-run", 0, 0)
+    ids = [f"id-{i}" for i in range(1024)]
+    writers.write("unique", pa.table({"user": ["ann", "bob"] * 512, "id": ids}))
+    writers.write("duplicate", pa.table({"user": ids, "id": ids}))
+
+    def dictionary_encoded(path: str) -> list[bool]:
+        group = pq.ParquetFile(output.path(path)).metadata.row_group(0)
+        return ["RLE_DICTIONARY" in group.column(i).encodings for i in range(group.num_columns)]
+
+    files = {record.port: record.path for record in writers.close()}
+    assert dictionary_encoded(files["unique"]) == [True, False]
+    assert dictionary_encoded(files["duplicate"]) == [True, False]

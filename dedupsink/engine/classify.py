@@ -16,8 +16,9 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute (tens of ms to import) is imported by the functions that use it: Spark's
+# planner and commit processes import this module for a query's first batch and need none.
 from dedupsink.engine.expiry import ExpiryValues, expiry_values
 from dedupsink.engine.expiry_policy import is_expired
 from dedupsink.engine.fingerprint import Fingerprints, first_occurrences, key_leaves
@@ -281,6 +282,8 @@ class WindowClassifier:
         self, expiry: ExpiryValues, candidates: np.ndarray, stamps: np.ndarray
     ) -> np.ndarray:
         """New categories get -1, -2, ... in order of first appearance; the commit numbers them."""
+        import pyarrow.compute as pc
+
         assert expiry.new_category is not None and expiry.category_codes is not None
         new_rows = np.flatnonzero(expiry.new_category[candidates])
         if len(new_rows) == 0:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute (tens of ms to import) is imported by the functions that use it: Spark's
+# planner and commit processes import this module for a query's first batch and need none.
 from dedupsink.engine.settings import Settings
 from dedupsink.units import MICROS_PER_DAY, micros_per
 
@@ -45,6 +46,8 @@ class ExpiryValues:
 
 
 def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow.compute as pc
+
     kind = array.type
     if pa.types.is_timestamp(kind):
         factor = micros_per(kind.unit)
@@ -72,6 +75,8 @@ def _time_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def _fraction_micros(text: pa.Array) -> np.ndarray:
     """The fraction of a second of each ISO-8601 text, in whole microseconds (0 without one;
     digits beyond the sixth are cut, as a cast to microseconds truncates)."""
+    import pyarrow.compute as pc
+
     digits = pc.struct_field(pc.extract_regex(text, _FRACTION), ["digits"])
     six = pc.utf8_slice_codeunits(pc.utf8_rpad(digits, width=6, padding="0"), 0, 6)
     return np.asarray(six.cast(pa.int64()).fill_null(0), dtype=np.int64)
@@ -88,6 +93,8 @@ def _scaled(units: np.ndarray, factor: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ordered_values(array: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow.compute as pc
+
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         target = pa.float64() if kind == "float" else pa.int64()
         converted = _cast_or_null(array, target)
@@ -106,6 +113,8 @@ def _ordered_values(array: pa.Array, kind: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def _cast_or_null(array: pa.Array, target: pa.DataType) -> pa.Array:
+    import pyarrow.compute as pc
+
     try:
         return array.cast(target)
     except pa.ArrowException:  # invalid text, or a conversion Arrow lacks
@@ -126,6 +135,8 @@ def expiry_values(
     array: pa.Array, settings: Settings, categories: Mapping[str, int]
 ) -> ExpiryValues:
     """Expiry values of one column for tupleTime, ordered or categorical mode."""
+    import pyarrow.compute as pc
+
     missing = array.is_null().to_numpy(zero_copy_only=False)
     if settings.mode == "tupleTime":
         values, unreadable = _time_values(array)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute (tens of ms to import) is imported by the functions that use it: Spark's
+# planner and commit processes import this module for a query's first batch and need none.
 from dedupsink.errors import DedupError
 
 __all__ = [
@@ -294,6 +295,8 @@ def _rows_holding(words: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _first_by_hash(fps: Fingerprints) -> np.ndarray:
+    import pyarrow.compute as pc
+
     codes = np.asarray(pc.dictionary_encode(fps.as_arrow()).indices)
     # dictionary_encode numbers values in order of first appearance, so a row is a first copy
     # exactly when its code exceeds every code before it.

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute (tens of ms to import) is imported by the functions that use it: Spark's
+# planner and commit processes import this module for a query's first batch and need none.
 from dedupsink.engine.fingerprint import FINALIZER_MULTIPLIERS, Fingerprints, fmix64
 
 # The stored highest id of a producer not seen yet: below every sequence id.
@@ -38,6 +39,8 @@ class SequenceIds:
 def sequence_ids(array: pa.Array) -> SequenceIds:
     """Sequence ids of an integer, floating or decimal column: a value is an id if casting it
     to int64 and back gives it again (and, unsigned, it stays non-negative)."""
+    import pyarrow.compute as pc
+
     missing = array.is_null().to_numpy(zero_copy_only=False)
     ints = pc.cast(array, pa.int64(), safe=False)
     exact = pc.equal(pc.cast(ints, array.type, safe=False), array)

@@ -3,7 +3,7 @@
 A format decides where a task's port files go (``Layout``), what a window's publication lists
 per port (``plan_port``), how a committed window becomes readable (``publish``, idempotent),
 and checks and creates its tables when a query starts (``check_tables``, ``create_tables``).
-A new format is one module with one such class, added to ``formats.FORMATS``.
+A new format is one module with one such class, named in ``formats.FORMATS``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Dictionary encoding pays off for repetitive columns (a user, a country) and is wasted on nearly
 distinct ones (ids, payloads, timestamps): Parquet tries it, overflows the dictionary page and
 falls back, which makes writing a port file markedly slower (bench/RESULTS.md). A column's
-first rows decide, as in Spark's writer the first page does.
+first rows decide, as in Spark's writer the first page does: a task's first rows of a schema,
+for every port file it writes (``PortWriters``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 from typing import IO
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+# pyarrow.compute (tens of ms to import) is imported by the functions that use it: Spark's
+# planner and commit processes import this module for a query's first batch and need none.
 from dedupsink.engine.settings import ERROR_COLUMN
 
 _DICTIONARY_SAMPLE_ROWS = 1024
@@ -29,6 +31,8 @@ def port_schema(port: str, schema: pa.Schema) -> pa.Schema:
 
 def dictionary_columns(data: pa.Table | pa.RecordBatch) -> list[str]:
     """The flat columns worth dictionary-encoding: few distinct values among the first rows."""
+    import pyarrow.compute as pc
+
     sample = data.slice(0, _DICTIONARY_SAMPLE_ROWS)
     chosen = []
     for index, field in enumerate(sample.schema):
@@ -43,9 +47,13 @@ def dictionary_columns(data: pa.Table | pa.RecordBatch) -> list[str]:
     return chosen
 
 
-def open_parquet_writer(handle: IO[bytes], first: pa.Table | pa.RecordBatch) -> pq.ParquetWriter:
-    """The Parquet writer of every port file, with its encodings chosen from its first rows."""
-    return pq.ParquetWriter(handle, first.schema, use_dictionary=dictionary_columns(first))
+def open_parquet_writer(
+    handle: IO[bytes], first: pa.Table | pa.RecordBatch, dictionary: list[str] | None = None
+) -> pq.ParquetWriter:
+    """The Parquet writer of every port file, with its encodings chosen from its first rows
+    (or the columns ``dictionary`` names, chosen from earlier rows of the same data)."""
+    chosen = dictionary_columns(first) if dictionary is None else dictionary
+    return pq.ParquetWriter(handle, first.schema, use_dictionary=chosen)
 
 
 def read_parquet(handle: IO[bytes]) -> pa.Table:

@@ -35,7 +35,6 @@ from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import DedupError, StoreConflictError, StoreOwnershipError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
 from dedupsink.ports.base import PortFormat
-from dedupsink.ports.compaction import compact_ports
 from dedupsink.ports.formats import compactor_for
 from dedupsink.ports.output import Output
 from dedupsink.runtime import RUNTIME
@@ -190,6 +189,8 @@ def compact_after(plan: SinkPlan, committed: Manifest) -> None:
     every = plan.options.compact_every
     if not every or committed.version % every:
         return
+    from dedupsink.ports.compaction import compact_ports  # a query's every N-th commit only
+
     try:
         compact_ports(compactor_for(plan.ports), plan.options.compact_target_size.nbytes)
     except (DedupError, OSError, pa.ArrowException) as exc:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute (tens of ms to import) is imported by the functions that use it: Spark's
+# planner and commit processes import this module for a query's first batch and need none.
 from dedupsink.engine.classify import (
     PORTS,
     CommittedState,
@@ -213,6 +214,8 @@ def _classify(
 
 def count_reasons(reasons: pa.Array, counts: dict[str, int]) -> None:
     """Add a batch's error rows to ``counts`` by reason (a few distinct texts a batch)."""
+    import pyarrow.compute as pc
+
     if len(reasons):
         for entry in pc.value_counts(reasons).to_pylist():
             counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
