@@ -44,9 +44,10 @@ _HEADER = struct.Struct("<4sIQ")
 SegmentBytes = bytes | memoryview  # a segment as read: bytes, or a view into a read buffer
 # A window file's distinct stamps with their key counts, ascending: ((stamp, keys), ...).
 StampCounts = tuple[tuple[float, int], ...]
-# The most distinct stamps a window file records counts of. systemTime files (one stamp a
-# window) and categorical ones (one a category) stay far below it; files of own expiry values
-# (assumeSameExpiry=false) exceed it at once and record none, so no manifest entry outgrows it.
+# The most distinct stamps a window file records counts of (about 15 bytes each in its entry,
+# so under 1 KB). A systemTime window's own file holds one stamp, a fold's file one a window it
+# mixes, a categorical file one a category; files of own expiry values (assumeSameExpiry=false)
+# exceed it at once. A file beyond it records none, and the commit reads its keys to count.
 STAMP_COUNTS_CAP = 64
 
 
