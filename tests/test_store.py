@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -51,7 +52,7 @@ from dedupsink.sink.plan import SinkPlan, TaskIdentity
 from dedupsink.sink.task import TaskSummary, run_task
 from dedupsink.store import compaction as compaction_module
 from dedupsink.store import transaction as transaction_module
-from dedupsink.store.cache import BucketCache, BucketManager
+from dedupsink.store.cache import BucketCache, BucketManager, segment_stamps
 from dedupsink.store.format import (
     WINDOW_MAGIC,
     Manifest,
@@ -332,6 +333,19 @@ def rich_manifest(version: int, settings: Settings) -> Manifest:
 def test_manifest_round_trips_through_bytes(root: str) -> None:
     manifest = rich_manifest(1, make_plan(root).settings)
     assert Manifest.from_bytes(manifest.to_bytes(), "m") == manifest
+
+
+def test_a_window_file_entry_holds_stamp_counts_only_when_they_are_known() -> None:
+    plain = WindowFile("w0000000001-p00000-abc.keys", 1, 0, 3, 56, [3], 41.0)
+    entry = msgpack.unpackb(plain.packed, raw=False)
+    # Absent when unknown: an entry written before they were recorded re-encodes unchanged.
+    assert "stamp_counts" not in entry and "min_stamp" not in entry
+    assert WindowFile.from_wire(entry).packed == plain.packed
+    counted = replace(plain, min_stamp=40.0, stamp_counts=((40.0, 1), (41.0, 2)))
+    entry = msgpack.unpackb(counted.packed, raw=False)
+    assert entry["stamp_counts"] == [[40.0, 1], [41.0, 2]]
+    assert WindowFile.from_wire(entry) == counted
+    assert [counted.expired_keys(p) for p in (39.0, 40.0, 40.5, 41.0)] == [0, 1, 1, 3]
 
 
 def test_manifest_encodes_a_changed_window_file_anew(root: str) -> None:
@@ -814,6 +828,106 @@ def test_compaction_keeps_each_system_time_keys_window_time(tmp_path: Path) -> N
     raw = {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 hour", "numBuckets": "1"}
     stored, held = stamps_after_compaction(tmp_path, **raw)
     assert held == stored
+
+
+HASH_BUCKET_MODES = [
+    {"keys": "id", "expiryMode": "systemTime", "expiryPeriod": "1 hour", "numBuckets": "4"},
+    {
+        "keys": "id",
+        "expiryKey": "n",
+        "expiryMode": "categorical",
+        "expiryPeriod": "3",
+        "numBuckets": "4",
+    },
+]
+
+
+def expired_by_reading_every_stamp(plan: SinkPlan, manifest: Manifest, point: float) -> int:
+    """The keys at or below ``point`` in the store's window files, each stamp read."""
+    segments = [s for bucket in sorted(manifest.buckets) for s in manifest.buckets[bucket]]
+    stamps = segment_stamps(plan.store, stamp_dtype(plan.settings))(manifest, segments)
+    return int((stamps <= point).sum())
+
+
+def counted_at(plan: SinkPlan, manifest: Manifest, point: float) -> tuple[int, list[Segment]]:
+    """What the commit's count says at an expiry point ``point``, and the segments it read."""
+    read = segment_stamps(plan.store, stamp_dtype(plan.settings))
+    reads: list[Segment] = []
+
+    def counting(at: Manifest, segments: list[Segment]) -> np.ndarray:
+        reads.extend(segments)
+        return read(at, segments)
+
+    assert plan.settings.period is not None
+    at = replace(manifest, latest=point + plan.settings.period)
+    next_version = transaction_module.NextVersion(at, at)
+    transaction_module.CountExpiredUnfolded(plan.settings.expiry, counting).apply(next_version)
+    return next_version.expired_unfolded_keys, reads
+
+
+def check_counts_from_stamp_counts(plan: SinkPlan, manifest: Manifest) -> list[float]:
+    """At the version's own expiry point and at each of its stamps (and between them), the
+    count from stamp counts equals reading every stamp, and reads nothing. Returns the
+    stamps."""
+    assert all(f.stamp_counts is not None for f in manifest.files.values())
+    point = plan.settings.expiry_point(manifest.latest)
+    assert point is not None
+    assert manifest.expired_unfolded_keys == expired_by_reading_every_stamp(plan, manifest, point)
+    stamps = sorted({s for f in manifest.files.values() for s, _ in f.stamp_counts or ()})
+    for point in [stamps[0] - 1, *stamps, *(s + 0.5 for s in stamps)]:
+        counted, reads = counted_at(plan, manifest, point)
+        assert counted == expired_by_reading_every_stamp(plan, manifest, point)
+        assert reads == []
+    return stamps
+
+
+@pytest.mark.parametrize("raw", HASH_BUCKET_MODES, ids=["systemTime", "categorical"])
+def test_expired_keys_awaiting_fold_are_counted_from_stamp_counts_without_a_read(
+    tmp_path: Path, raw: dict[str, str]
+) -> None:
+    """Each window file records its stamps' counts (systemTime: one stamp a window; categorical:
+    one a category), through folds that mix many windows' keys or take some of a file's
+    segments: at every version, the count of expired keys at any expiry point equals reading
+    every stamp, and reads none."""
+    plan = make_plan(str(tmp_path / "out"), **raw)
+    folded, mixed, left, first = False, False, False, 0
+    for batch_id in range(16):
+        size = 12 + 9 * (batch_id % 4)  # uneven windows: buckets' segments differ in size
+        ids = list(range(first, first + size))
+        first += size
+        halves = [[rows(ids[part::2], [batch_id // 3] * len(ids[part::2]))] for part in (0, 1)]
+        summaries = run_tasks(plan, batch_id, halves)
+        folded = folded or any(s.written and s.written.supersedes for s in summaries)
+        assert commit_window(plan, summaries, batch_id) is not None
+        manifest = plan.store.read()
+        assert manifest is not None
+        stamps = check_counts_from_stamp_counts(plan, manifest)
+        counts = [f.stamp_counts or () for f in manifest.files.values()]
+        mixed = mixed or any(len(c) > 1 for c in counts)
+        # A file a fold took some segments of: its counts are of the keys it has left.
+        files = manifest.files.values()
+        left = left or any(sum(n for _, n in f.stamp_counts or ()) < f.keys for f in files)
+    assert folded and mixed and left, "no fold mixed or took part of files: this proves nothing"
+    assert len(stamps) > 3
+    middle = stamps[len(stamps) // 2]
+    held = manifest.remembered_keys + manifest.expired_unfolded_keys
+    assert 0 < expired_by_reading_every_stamp(plan, manifest, middle) < held
+
+
+def test_a_file_without_stamp_counts_is_read_to_count_its_expired_keys(tmp_path: Path) -> None:
+    plan = make_plan(str(tmp_path / "out"), **HASH_BUCKET_MODES[1])
+    for batch_id in range(3):
+        run_window(
+            plan, batch_id, [rows(list(range(batch_id * 10, batch_id * 10 + 10)), [batch_id] * 10)]
+        )
+    manifest = plan.store.read()
+    assert manifest is not None
+    oldest = min(manifest.files.values(), key=lambda f: f.version)
+    # As a file written before stamp counts were recorded.
+    manifest.files[oldest.name] = replace(oldest, stamp_counts=None)
+    counted, reads = counted_at(plan, manifest, 1)
+    assert counted == expired_by_reading_every_stamp(plan, manifest, 1) == 20
+    assert {segment.file for segment in reads} == {oldest.name}
 
 
 OWN_TIME = {"keys": "id", "expiryKey": "n", "expiryPeriod": "30", "assumeSameExpiry": "false"}

@@ -25,7 +25,7 @@ segments of a time bucket, each key of a hash bucket (whose segments mix old and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,10 +41,13 @@ from dedupsink.store.format import (
     Manifest,
     Segment,
     SegmentBytes,
+    StampCounts,
     WindowFile,
     concat_segments,
+    count_stamps,
     decode_segment,
     encode_segments,
+    merge_stamp_counts,
 )
 from dedupsink.store.store import BucketStore, window_file_name
 
@@ -55,22 +58,27 @@ COMPACT_BUCKETS_PER_WINDOW = 8
 @dataclass
 class Fold:
     """Segments of one bucket to rewrite as one: as their stored bytes, or (provisional
-    stamps) as their decoded keys, already without the expired ones."""
+    stamps) as their decoded keys, already without the expired ones; with each segment's stamp
+    counts (None where its file records none: nothing to take them from)."""
 
     bucket: int
     segments: list[Segment]
     raw: Sequence[SegmentBytes] | None = None
     keys: DecodedSegment | None = None
+    stamp_counts: list[StampCounts | None] = field(default_factory=list)
 
 
 @dataclass
 class WrittenWindowFile:
-    """A task's window file as the commit needs it: the file, its segments, what they fold."""
+    """A task's window file as the commit needs it: the file, its segments, what they fold
+    and the stamp counts of the folded segments (by segment identity), which leave their files'
+    (``transaction.FoldSegments``)."""
 
     window_file: WindowFile | None
     segments: dict[int, Segment]
     supersedes: dict[int, list[tuple[str, int]]]
     new_keys: int
+    folded_stamps: dict[tuple[str, int], StampCounts | None] = field(default_factory=dict)
 
 
 def choose_folds(
@@ -103,12 +111,46 @@ def choose_folds(
             segments = tiered_fold(segments)
         if len(segments) < 2:
             continue
+        counted = [manifest.files[s.file].stamp_counts is not None for s in segments]
         if context.settings.provisional_stamps:
-            keys = _alive(manager.read_segments(segments), context.expiry_point)
-            folds.append(Fold(bucket, segments, keys=keys))
+            read = manager.read_segments(segments)
+            counts = _segment_stamp_counts(read.stamps, segments, counted)
+            keys = _alive(read, context.expiry_point)
+            folds.append(Fold(bucket, segments, keys=keys, stamp_counts=counts))
         else:
-            folds.append(Fold(bucket, segments, manager.store.fetch(segments)))
+            raw = manager.store.fetch(segments)
+            dtype = stamp_dtype(context.settings)
+            counts = [
+                _raw_stamp_counts(r, s, dtype) if wanted else None
+                for r, s, wanted in zip(raw, segments, counted, strict=True)
+            ]
+            folds.append(Fold(bucket, segments, raw, stamp_counts=counts))
     return folds
+
+
+def _segment_stamp_counts(
+    stamps: np.ndarray | None, segments: list[Segment], counted: list[bool]
+) -> list[StampCounts | None]:
+    """Each segment's stamp counts, of their final stamps read back to back (where wanted)."""
+    if stamps is None:
+        return [None] * len(segments)
+    ends = np.cumsum([s.count for s in segments]).tolist()
+    starts = [0, *ends[:-1]]
+    return [
+        count_stamps(stamps[start:end]) if wanted else None
+        for start, end, wanted in zip(starts, ends, counted, strict=True)
+    ]
+
+
+def _raw_stamp_counts(
+    raw: SegmentBytes, segment: Segment, dtype: np.dtype | None
+) -> StampCounts | None:
+    """A stored segment's stamp counts (final stamps: modes whose stamps are never provisional)."""
+    if dtype is None:
+        return None
+    little = np.dtype(dtype).newbyteorder("<")
+    n = segment.count
+    return count_stamps(np.frombuffer(raw, dtype=little, offset=16 * n, count=n))
 
 
 def _alive(keys: DecodedSegment, forget_at_or_below: float | None) -> DecodedSegment:
@@ -154,7 +196,8 @@ class KeysContext:
 @dataclass
 class _FileLayout:
     """A window file as it is laid out: its byte chunks, segments, size, keys, newest and
-    oldest final stamps."""
+    oldest final stamps, and its stamp counts (provisional stamps as stored: the commit
+    resolves them)."""
 
     name: str
     chunks: list[bytes | memoryview]
@@ -163,6 +206,7 @@ class _FileLayout:
     count: int
     newest: float | None
     oldest: float | None
+    stamp_counts: StampCounts | None
 
     def add(
         self,
@@ -170,6 +214,7 @@ class _FileLayout:
         bucket: int,
         segment: Segment,
         stamps: tuple[float | None, float | None],
+        stamp_counts: StampCounts | None,
     ) -> None:
         self.chunks.extend(pieces)
         self.segments[bucket] = segment
@@ -180,6 +225,7 @@ class _FileLayout:
             self.newest = top if self.newest is None else max(self.newest, top)
         if low is not None:
             self.oldest = low if self.oldest is None else min(self.oldest, low)
+        self.stamp_counts = merge_stamp_counts([self.stamp_counts, stamp_counts])
 
 
 def write_window_file(
@@ -194,6 +240,9 @@ def write_window_file(
     written = WrittenWindowFile(None, {}, {}, len(new.h1))
     for fold in folds:
         written.supersedes[fold.bucket] = [s.ident for s in fold.segments]
+        counts = fold.stamp_counts or [None] * len(fold.segments)
+        for segment, segment_counts in zip(fold.segments, counts, strict=True):
+            written.folded_stamps[segment.ident] = segment_counts
     version = manifest.version + 1
     name = window_file_name(version, partition)
     keys = _with_decoded_folds(new, [(f.bucket, f.keys) for f in folds if f.keys is not None])
@@ -210,6 +259,7 @@ def write_window_file(
         count,
         None if known is None else known.max().item(),
         None if known is None else known.min().item(),
+        count_stamps(None if keys.stamps is None else keys.stamps[~joining]),
     )
     # The new keys of buckets folded as bytes join their folds, as segments of their own.
     joined = _encode(keys, joining, name)
@@ -228,6 +278,7 @@ def write_window_file(
         max_stamp=layout.newest,
         local_categories=list(context.new_categories),
         min_stamp=layout.oldest,
+        stamp_counts=layout.stamp_counts,
     )
     written.segments = layout.segments
     return written
@@ -244,19 +295,38 @@ def _add_byte_fold(
     """Append a fold made of stored bytes, the window's own new keys of its bucket first."""
     raws, parts = list(raw), list(fold.segments)
     paths = [store.data_url(s.file) for s in fold.segments]
+    counts = list(fold.stamp_counts or [None] * len(parts))
     joined_bytes, joined_segments = joined
+    dtype = stamp_dtype(context.settings)
     if fold.bucket in joined_segments:
         own = joined_segments[fold.bucket]
         raws.insert(0, joined_bytes[own.offset : own.offset + own.length])
         parts.insert(0, own)
         paths.insert(0, store.data_url(layout.name))
-    dtype = stamp_dtype(context.settings)
+        counts.insert(0, _raw_stamp_counts(raws[0], own, dtype))
     each_key = not context.settings.buckets_by_time  # a hash bucket's segments mix old and new
     pieces, segment, top, low = concat_segments(
         raws, parts, dtype, paths, layout.name, layout.nbytes, context.expiry_point, each_key
     )
     if segment is not None:  # None: every folded key is expired, the segments just leave
-        layout.add(pieces, fold.bucket, segment, (top, low))
+        kept = _kept_stamp_counts(counts, context.expiry_point, each_key)
+        layout.add(pieces, fold.bucket, segment, (top, low), kept)
+
+
+def _kept_stamp_counts(
+    counts: list[StampCounts | None], forget_at_or_below: float | None, each_key: bool
+) -> StampCounts | None:
+    """The stamp counts of what ``concat_segments`` keeps of segments with these counts: a
+    segment whose every key is expired leaves; with ``each_key`` so does each expired key."""
+    kept: list[StampCounts | None] = []
+    for segment_counts in counts:
+        if segment_counts is None or forget_at_or_below is None:
+            kept.append(segment_counts)
+            continue
+        alive = tuple((s, n) for s, n in segment_counts if is_alive(s, forget_at_or_below))
+        if alive:
+            kept.append(alive if each_key else segment_counts)
+    return merge_stamp_counts(kept)
 
 
 def fold_producers(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from operator import itemgetter
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from dedupsink.engine.expiry_policy import is_alive
+from dedupsink.engine.expiry_policy import is_alive, is_expired
 from dedupsink.errors import StoreCorruptError
 from dedupsink.store.records import (
     Fence,
@@ -42,6 +42,13 @@ WINDOW_MAGIC = b"DSWIN001"
 FORMAT_VERSION = 2
 _HEADER = struct.Struct("<4sIQ")
 SegmentBytes = bytes | memoryview  # a segment as read: bytes, or a view into a read buffer
+# A window file's distinct stamps with their key counts, ascending: ((stamp, keys), ...).
+StampCounts = tuple[tuple[float, int], ...]
+# The most distinct stamps a window file records counts of (about 15 bytes each in its entry,
+# so under 1 KB). A systemTime window's own file holds one stamp, a fold's file one a window it
+# mixes, a categorical file one a category; files of own expiry values (assumeSameExpiry=false)
+# exceed it at once. A file beyond it records none, and the commit reads its keys to count.
+STAMP_COUNTS_CAP = 64
 
 
 class Segment(NamedTuple):
@@ -89,6 +96,11 @@ class WindowFile:
     # a file whose smallest stamp is above the expiry point holds no forgotten key, so the
     # commit counts expired keys without reading it (``transaction.CountExpiredUnfolded``).
     min_stamp: float | None = None
+    # The file's distinct final stamps with their key counts (``StampCounts``), when there are
+    # at most ``STAMP_COUNTS_CAP`` (None: more, or not known, as in files written before they
+    # were recorded): the commit counts the expired keys of a file the expiry point straddles
+    # from them, without reading its keys.
+    stamp_counts: StampCounts | None = None
 
     @cached_property
     def packed(self) -> bytes:
@@ -96,14 +108,72 @@ class WindowFile:
         lists about 250 files, and packing their entries again was a third of each commit's
         encoding."""
         entry = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.min_stamp is None:  # absent when unknown, so older entries re-encode identically
-            del entry["min_stamp"]
+        for optional in ("min_stamp", "stamp_counts"):
+            if entry[optional] is None:  # absent when unknown: older entries re-encode identically
+                del entry[optional]
         entry = {_WIRE_NAMES.get(name, name): value for name, value in entry.items()}
         return msgpack.packb(entry, use_bin_type=True)
 
     @classmethod
     def from_wire(cls, entry: dict[str, Any]) -> WindowFile:
-        return cls(**{_FIELD_NAMES.get(name, name): value for name, value in entry.items()})
+        values = {_FIELD_NAMES.get(name, name): value for name, value in entry.items()}
+        if values.get("stamp_counts") is not None:
+            values["stamp_counts"] = tuple((stamp, int(n)) for stamp, n in values["stamp_counts"])
+        return cls(**values)
+
+    def expired_keys(self, expiry_point: float) -> int | None:
+        """How many of its keys are at or below the expiry point, from its stamp counts (None
+        when it has none: only its keys' stamps tell)."""
+        if self.stamp_counts is None:
+            return None
+        return sum(n for stamp, n in self.stamp_counts if is_expired(stamp, expiry_point))
+
+
+def count_stamps(stamps: np.ndarray | None) -> StampCounts | None:
+    """Stamps' distinct values with their counts (None beyond ``STAMP_COUNTS_CAP`` values)."""
+    if stamps is None:
+        return None
+    values, counts = np.unique(stamps, return_counts=True)
+    if len(values) > STAMP_COUNTS_CAP:
+        return None
+    return tuple(zip(values.tolist(), counts.tolist(), strict=True))
+
+
+def merge_stamp_counts(parts: Iterable[StampCounts | None]) -> StampCounts | None:
+    """Several stamp counts as one (None if one of them is unknown, or beyond the cap)."""
+    total: dict[float, int] = {}
+    for part in parts:
+        if part is None:
+            return None
+        for stamp, n in part:
+            total[stamp] = total.get(stamp, 0) + n
+    if len(total) > STAMP_COUNTS_CAP:
+        return None
+    return tuple(sorted(total.items()))
+
+
+def resolve_stamp_counts(
+    counts: StampCounts | None, final: Mapping[float, float]
+) -> StampCounts | None:
+    """Stamp counts whose provisional (negative) stamps become their final values (``final``:
+    provisional stamp -> final one)."""
+    if counts is None:
+        return None
+    return merge_stamp_counts([tuple((final[s] if s < 0 else s, n) for s, n in counts)])
+
+
+def without_stamp_counts(
+    counts: StampCounts | None, removed: StampCounts | None
+) -> StampCounts | None:
+    """What stamp counts leave once a part's (``removed``) keys left (None if that is unknown)."""
+    if counts is None or removed is None:
+        return None
+    left = dict(counts)
+    for stamp, n in removed:
+        left[stamp] = left.get(stamp, 0) - n
+        if left[stamp] < 0:
+            return None  # not a part of them: a count read from them would be wrong
+    return tuple(sorted((stamp, n) for stamp, n in left.items() if n))
 
 
 # The manifest's format names a file's version "window", as it was first written.

@@ -17,10 +17,18 @@ from typing import Protocol
 
 import numpy as np
 
+from dedupsink.engine.classify import WINDOW_TIME_PLACEHOLDER
 from dedupsink.engine.expiry_policy import ExpiryPolicy, is_expired
 from dedupsink.errors import StoreConflictError
 from dedupsink.store.compaction import WrittenWindowFile
-from dedupsink.store.format import Manifest, PortState, Segment
+from dedupsink.store.format import (
+    Manifest,
+    PortState,
+    Segment,
+    StampCounts,
+    resolve_stamp_counts,
+    without_stamp_counts,
+)
 from dedupsink.store.ownership import BATCH_WRITE_PREFIX, Writer, check_not_fenced, next_owner
 from dedupsink.store.records import Publication, StateUse, WindowCounts, WindowRecord
 from dedupsink.store.retry import StoreWaits
@@ -177,7 +185,14 @@ class AddWindowFiles:
                 low = min(ordinals[name] for name in window_file.local_categories)
                 newest = top if window_file.max_stamp is None else max(window_file.max_stamp, top)
                 oldest = low if window_file.min_stamp is None else min(window_file.min_stamp, low)
-                window_file = replace(window_file, max_stamp=newest, min_stamp=oldest)
+                # A provisional number -1, -2, ... names the file's first, second, ... category.
+                final: dict[float, float] = {
+                    -1 - i: ordinals[c] for i, c in enumerate(window_file.local_categories)
+                }
+                counts = resolve_stamp_counts(window_file.stamp_counts, final)
+                window_file = replace(
+                    window_file, max_stamp=newest, min_stamp=oldest, stamp_counts=counts
+                )
             manifest.files[window_file.name] = window_file
             for bucket, segment in written.segments.items():
                 manifest.buckets.setdefault(bucket, []).append(segment)
@@ -191,41 +206,53 @@ class FoldSegments:
     of segments of the same few files, and a changed file's entry is packed again."""
 
     supersedes: Mapping[int, Sequence[tuple[str, int]]]  # bucket -> the folded segments' idents
+    # The folded segments' stamp counts (by ident; None or missing: unknown), taken from their
+    # files' so that those stay exact.
+    folded_stamps: Mapping[tuple[str, int], StampCounts | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, files: Sequence[WrittenWindowFile]) -> FoldSegments:
         supersedes: dict[int, list[tuple[str, int]]] = {}
+        folded_stamps: dict[tuple[str, int], StampCounts | None] = {}
         for written in files:
             for bucket, idents in written.supersedes.items():
                 supersedes.setdefault(bucket, []).extend(idents)
-        return cls(supersedes)
+            folded_stamps.update(written.folded_stamps)
+        return cls(supersedes, folded_stamps)
 
     def apply(self, next_version: NextVersion) -> None:
         manifest = next_version.manifest
-        folded_from: dict[str, set[int]] = {}
+        folded_from: dict[str, list[tuple[int, Segment]]] = {}
         for bucket, idents in self.supersedes.items():
             folded = {tuple(ident) for ident in idents}
             kept: list[Segment] = []
             for segment in manifest.buckets.get(bucket, []):
                 if segment.ident in folded:
-                    folded_from.setdefault(segment.file, set()).add(bucket)
+                    folded_from.setdefault(segment.file, []).append((bucket, segment))
                 else:
                     kept.append(segment)
             manifest.buckets[bucket] = kept
-        for name, buckets in folded_from.items():
-            _drop_buckets_of_file(manifest, name, buckets)
+        for name, segments in folded_from.items():
+            self._drop_segments_of_file(manifest, name, segments)
 
-
-def _drop_buckets_of_file(manifest: Manifest, name: str, buckets: set[int]) -> None:
-    window_file = manifest.files.get(name)
-    if window_file is None:
-        return
-    remaining = [b for b in window_file.buckets if b not in buckets]
-    if remaining:
-        manifest.files[name] = replace(window_file, buckets=remaining)
-    else:
-        del manifest.files[name]
-        manifest.tombstones.append((name, manifest.version))
+    def _drop_segments_of_file(
+        self, manifest: Manifest, name: str, segments: list[tuple[int, Segment]]
+    ) -> None:
+        """A file's folded segments leave it, and their keys its stamp counts; a file left
+        without a segment is tombstoned."""
+        window_file = manifest.files.get(name)
+        if window_file is None:
+            return
+        folded = {bucket for bucket, _ in segments}
+        remaining = [b for b in window_file.buckets if b not in folded]
+        if not remaining:
+            del manifest.files[name]
+            manifest.tombstones.append((name, manifest.version))
+            return
+        counts = window_file.stamp_counts
+        for _, segment in segments:
+            counts = without_stamp_counts(counts, self.folded_stamps.get(segment.ident))
+        manifest.files[name] = replace(window_file, buckets=remaining, stamp_counts=counts)
 
 
 @dataclass(frozen=True)
@@ -249,9 +276,15 @@ class AdvanceLatestPoint:
                 name = written.window_file.name
                 window_file = manifest.files[name]
                 # Its keys' placeholders mean this time; a fold's final stamps are older.
-                oldest = manifest.latest if window_file.min_stamp is None else window_file.min_stamp
+                latest = manifest.latest
+                oldest = latest if window_file.min_stamp is None else window_file.min_stamp
+                counts = None
+                if latest is not None:
+                    counts = resolve_stamp_counts(
+                        window_file.stamp_counts, {WINDOW_TIME_PLACEHOLDER: latest}
+                    )
                 manifest.files[name] = replace(
-                    window_file, max_stamp=manifest.latest, min_stamp=oldest
+                    window_file, max_stamp=latest, min_stamp=oldest, stamp_counts=counts
                 )
 
 
@@ -293,8 +326,10 @@ class CountExpiredUnfolded:
     """Count the keys at or below the expiry point still in window files (a file leaves once
     its newest key is forgotten, a time bucket's segment once folded): remembered keys are the
     others. Only files whose oldest stamp is at or below the expiry point, or unknown (files
-    written before it was recorded), are read: in a stream that keeps up, the one or two
-    files the expiry point is passing through."""
+    written before it was recorded), hold any: in a stream that keeps up, the one or two files
+    the expiry point is passing through, or (hash-bucket modes) folds' files mixing many
+    windows' keys. Such a file is counted from its stamp counts where it records them, exactly
+    and without a read; only the others' keys are read."""
 
     policy: ExpiryPolicy
     read_stamps: StampReader
@@ -304,20 +339,27 @@ class CountExpiredUnfolded:
         expiry_point = self.policy.expiry_point(manifest.latest)
         if expiry_point is None:
             return
-        straddling = {
-            name
-            for name, window_file in manifest.files.items()
-            if window_file.min_stamp is None or is_expired(window_file.min_stamp, expiry_point)
-        }
+        counted, unread = 0, set()
+        for name, window_file in manifest.files.items():
+            if window_file.min_stamp is not None and not is_expired(
+                window_file.min_stamp, expiry_point
+            ):
+                continue
+            expired = window_file.expired_keys(expiry_point)
+            if expired is None:
+                unread.add(name)
+            else:
+                counted += expired
         segments = [
             segment
             for bucket in sorted(manifest.buckets)
             for segment in manifest.buckets[bucket]
-            if segment.file in straddling
+            if segment.file in unread
         ]
         if segments:
             stamps = self.read_stamps(manifest, segments)
-            next_version.expired_unfolded_keys = int(is_expired(stamps, expiry_point).sum())
+            counted += int(is_expired(stamps, expiry_point).sum())
+        next_version.expired_unfolded_keys = counted
 
 
 @dataclass(frozen=True)
