@@ -124,6 +124,25 @@ def test_a_fault_that_stays_spends_the_budget_then_says_what_in_one_line() -> No
     assert "(storageTimeout 2 s)" in message and "SlowDown" in message
 
 
+def test_throttling_whose_last_attempt_times_out_still_names_the_reply() -> None:
+    """Throttled replies, then an attempt cut by the spent budget (a slow host): the line names
+    the timeout and the service's last reply, so throttling still reads as throttling."""
+    calls = 0
+
+    def throttled_then_silent() -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise wrapped(s3_error(503, "SlowDown"))
+        time.sleep(1.2)  # past the budget: two pauses take at most 0.2 + 0.4 s
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(StoreUnavailableError) as caught:
+        Attempts(StorageBounds(budget=1), "s3://b").run("GET b/x", throttled_then_silent)
+    message = str(caught.value)
+    assert "; last: TimeoutError: read timed out; last reply: 503 SlowDown (" in message, message
+
+
 def test_a_non_transient_failure_is_raised_at_once() -> None:
     calls = []
 

@@ -202,6 +202,7 @@ class Attempts:
         start = time.monotonic()
         deadline = start + budget
         ceiling = _PAUSE_FIRST
+        answered = ""  # the last reply the service gave (``503 SlowDown (...)``), if any
         while True:
             began = time.monotonic()
             try:
@@ -214,13 +215,19 @@ class Attempts:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
+                said = _first(exc)
+                if _answered(exc):
+                    answered = said
                 pause = random.uniform(0, ceiling)
                 ceiling = min(2 * ceiling, _PAUSE_MOST)
                 now = time.monotonic()
                 if now + pause >= deadline:
+                    # A last attempt cut by the spent budget says less than the reply before it:
+                    # name both, so throttling reads as throttling.
+                    before = f"; last reply: {answered}" if answered and answered != said else ""
                     raise StoreUnavailableError(
                         f"store {self.where} did not answer {operation}: gave up after "
-                        f"{now - start:.1f} s (storageTimeout {budget:g} s); last: {_first(exc)}"
+                        f"{now - start:.1f} s (storageTimeout {budget:g} s); last: {said}{before}"
                     ) from exc
                 WAITS.add(now - began + pause)
                 time.sleep(pause)
@@ -231,6 +238,18 @@ def _takes_deadline(call: Callable[..., Any]) -> bool:
     method: it takes ``timeout=`` and cancels the attempt at that deadline, whatever the
     client's own timeouts do."""
     return asyncio.iscoroutinefunction(getattr(call, "__wrapped__", None))
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether the chain of ``exc`` carries a reply of the service (a status or a code)."""
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None:
+            return False
+        if _status_of(seen) or _code_of(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _first(exc: BaseException) -> str:
