@@ -259,15 +259,21 @@ def test_sample_data_feeds_every_port() -> None:
         assert all(counts[port] > 0 for port in wanted), (name, counts)
 
 
+# Each case is a `dedupsink run` of its own (a JVM and Spark's Python workers started afresh, 50
+# to 125 s on a loaded 2-core host): two stay in the regular suite, the other modes' runs are
+# slow ones (their modes' Spark streams are in test_sink.py and test_lakehouse.py too).
+_SLOW_RUN = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     "name",
     [
         "customers-basic",
         "transactions-ordered",
-        "cities-categorical",
-        "system-time",
-        "system-logs-backfill",
-        "cdc-sequence",
+        pytest.param("cities-categorical", marks=_SLOW_RUN),
+        pytest.param("system-time", marks=_SLOW_RUN),
+        pytest.param("system-logs-backfill", marks=_SLOW_RUN),
+        pytest.param("cdc-sequence", marks=_SLOW_RUN),
     ],
 )
 def test_run_matches_the_reference(
