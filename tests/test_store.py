@@ -54,12 +54,14 @@ from dedupsink.store import compaction as compaction_module
 from dedupsink.store import transaction as transaction_module
 from dedupsink.store.cache import BucketCache, BucketManager, segment_stamps
 from dedupsink.store.format import (
+    STAMP_COUNTS_CAP,
     WINDOW_MAGIC,
     Manifest,
     PortState,
     Segment,
     WindowFile,
     concat_segments,
+    count_stamps,
     decode_segment,
     encode_segments,
     group_by_bucket,
@@ -1590,3 +1592,18 @@ def test_a_task_yields_exactly_the_keys_a_lower_task_staged(tmp_path: Path, size
     lower = _listed_keys_files(output, folder)
     yielded = _yielded_to(output, folder, lower, SortedKeys.of(StagedKeys(mine, stamps)))
     assert sorted(np.flatnonzero(yielded).tolist()) == sorted(shared.tolist())
+
+
+def test_stamp_counts_are_exact_up_to_the_cap_and_absent_beyond_it() -> None:
+    """A file's stamps counted exactly while they take at most the cap's distinct values,
+    wherever those values come in the file; none recorded beyond it."""
+    few = np.repeat(np.arange(STAMP_COUNTS_CAP, dtype=np.float64), 50)
+    np.random.default_rng(3).shuffle(few)
+    counted = count_stamps(few)
+    assert counted == tuple((float(v), 50) for v in range(STAMP_COUNTS_CAP))
+    # Few values first, then one too many far down the file: still none.
+    late = np.concatenate([np.zeros(5000), np.arange(STAMP_COUNTS_CAP + 1, dtype=np.float64)])
+    assert count_stamps(late) is None
+    # Distinct from the start (event times): none.
+    assert count_stamps(np.arange(100_000, dtype=np.float64)) is None
+    assert count_stamps(None) is None
