@@ -125,6 +125,7 @@ def test_keys_differing_only_in_unicode_normalisation_are_different_keys(tmp_pat
     }  # fmt: skip
 
 
+@pytest.mark.slow  # 16 s of hashing and comparing megabyte keys
 def test_one_megabyte_keys_are_compared_in_full(tmp_path: Path) -> None:
     last_byte_differs = MEGABYTE_KEY[:-1] + "j"
     one_byte_longer = MEGABYTE_KEY + "k"
@@ -367,6 +368,7 @@ def run_spark_stream(
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # its own Spark in a child process: 44 s
 def test_spark_stream_of_awkward_keys_and_times_sends_each_row_to_its_port(
     spark: Any, tmp_path: Path
 ) -> None:

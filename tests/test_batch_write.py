@@ -285,6 +285,7 @@ def retried(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # the fixture runs a Spark of its own with task retries: 24 s
 def test_a_task_failing_after_staging_is_retried_and_its_rows_land_once(
     spark: Any, retried: Path
 ) -> None:
@@ -295,6 +296,7 @@ def test_a_task_failing_after_staging_is_retried_and_its_rows_land_once(
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # shares the fixture above
 def test_a_job_that_fails_before_its_commit_leaves_nothing_visible(retried: Path) -> None:
     output = retried / "always" / "out"
     assert len(list((retried / "always" / "failures").iterdir())) == 2  # both attempts

@@ -260,7 +260,7 @@ def test_sample_data_feeds_every_port() -> None:
 
 
 # Each case is a `dedupsink run` of its own (a JVM and Spark's Python workers started afresh, 50
-# to 125 s on a loaded 2-core host): two stay in the regular suite, the other modes' runs are
+# to 125 s on a loaded 2-core host): one stays in the regular suite, the other modes' runs are
 # slow ones (their modes' Spark streams are in test_sink.py and test_lakehouse.py too).
 _SLOW_RUN = pytest.mark.slow
 
@@ -269,7 +269,7 @@ _SLOW_RUN = pytest.mark.slow
     "name",
     [
         "customers-basic",
-        "transactions-ordered",
+        pytest.param("transactions-ordered", marks=_SLOW_RUN),
         pytest.param("cities-categorical", marks=_SLOW_RUN),
         pytest.param("system-time", marks=_SLOW_RUN),
         pytest.param("system-logs-backfill", marks=_SLOW_RUN),
@@ -302,6 +302,7 @@ def test_run_matches_the_reference(
         assert report["expiry_point"] == {"value": 4, "text": "El Paso"}
 
 
+@_SLOW_RUN  # two `dedupsink run`s of the demo: 73 s on this host when idle
 def test_demo_remembers_across_runs(sample_data: Callable[[str], Path], tmp_path: Path) -> None:
     """system-logs (the `make run` demo) twice: the second run finds the store's keys."""
     case = CASES["system-logs"]

@@ -304,6 +304,7 @@ def test_a_py4j_error_is_said_in_the_jvm_s_words(java: FakeJava, said: str) -> N
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # a `dedupsink run` of its own: 11 s
 def test_run_says_spark_s_cause(tmp_path: Path) -> None:
     """A source Spark cannot load (Kafka's package is not on the classpath): once the config
     passes, only Spark can tell."""

@@ -418,6 +418,7 @@ def port_counts(spark: Any, out: Path) -> dict[str, int]:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # four streams and batch writes in a child Spark: 26 s
 def test_spark_reads_the_history_of_a_stream_a_restart_and_batch_writes(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -274,7 +274,7 @@ def test_a_delta_compaction_at_a_checkpoint_version_writes_the_checkpoint(tmp_pa
 # -- many rounds, two processes ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ["delta", pytest.param("iceberg", marks=pytest.mark.slow)])
 def test_compactions_in_another_process_racing_windows_lose_nothing(
     tmp_path: Path, fmt: str
 ) -> None:

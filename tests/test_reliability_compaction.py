@@ -102,7 +102,8 @@ def iceberg_points(port: str) -> list[FaultPoint]:
 POINTS = {"delta": delta_points, "iceberg": iceberg_points}
 
 
-@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+# Iceberg's kill chain (19 s) is a slow test: Delta's runs the same points in the regular suite.
+@pytest.mark.parametrize("fmt", ["delta", pytest.param("iceberg", marks=pytest.mark.slow)])
 def test_compaction_killed_before_in_and_after_its_commit(tmp_path: Path, fmt: str) -> None:
     job = CompactionJob(tmp_path, fmt)
     job.run_until_done()

@@ -95,7 +95,16 @@ def sink(place: Remote) -> LocalSink:
     return LocalSink(options, ROW_SCHEMA)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+# Each point with a 500 runs in the regular suite; the same points with the reply lost are slow
+# tests (CI runs them with `make test-slow`).
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(s, marks=pytest.mark.slow) if s.name.endswith("reply lost") else s
+        for s in SCENARIOS
+    ],
+    ids=[s.name for s in SCENARIOS],
+)
 def test_a_request_failing_mid_window_loses_and_duplicates_nothing(
     s3: S3Server, scenario: Scenario
 ) -> None:

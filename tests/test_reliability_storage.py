@@ -196,6 +196,7 @@ def test_every_failing_write_rename_and_delete_of_a_batch_fails_it_and_a_rerun_l
     assert set(outcomes.values()) == {FAULTED, FAULTED + 1}
 
 
+@pytest.mark.slow  # a driver process killed at each clean-up point: 24 s
 def test_store_cleanup_failures_are_retried_by_a_later_sweep(
     template: Path, tmp_path: Path, ctl: Control
 ) -> None:

@@ -39,7 +39,9 @@ from streams import (
 from dedupsink.sink.datasource import DedupCommitMessage, DedupDataSource, DedupStreamWriter
 from dedupsink.sink.plan import SinkPlan
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+# A cluster of two executor JVMs takes 36 s to start on this 2-core host: the distributed
+# cases are slow tests, which CI runs with `make test-slow`.
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow]
 
 MASTER = "local-cluster[2,1,1024]"
 HOUR_MICROS = 3_600_000_000

@@ -256,6 +256,7 @@ def retried(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # their fixture runs a Spark of its own with task retries: 24 s
 @pytest.mark.parametrize(("name", "failures"), [("once", 1), ("twice", 2)])
 def test_failed_task_attempts_leave_no_row_twice_and_none_lost(
     spark: Any, retried: Path, name: str, failures: int
