@@ -157,7 +157,10 @@ def main() -> None:
                 f"requests throttled; {rate:,.0f} rows/s, steady {steady:,.0f} rows/s"
             )
             print(
-                f"  retries a window: median {statistics.median(retries):g}, max {max(retries)}"
+                # The history's counts end at each commit point; the batch log lines count the
+                # publication after it too, so they can say more.
+                f"  retries a window, to its commit point: median "
+                f"{statistics.median(retries):g}, max {max(retries)}"
                 f", total {sum(retries)}; seconds lost a window: median "
                 f"{statistics.median(waits):.2f}, max {max(waits):.2f}"
             )
