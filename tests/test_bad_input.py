@@ -368,7 +368,7 @@ def run_spark_stream(
 
 
 @pytest.mark.spark
-@pytest.mark.slow  # its own Spark in a child process: 44 s
+@pytest.mark.slow  # four windows with megabyte keys through Spark: 34 to 44 s
 def test_spark_stream_of_awkward_keys_and_times_sends_each_row_to_its_port(
     spark: Any, tmp_path: Path
 ) -> None:
