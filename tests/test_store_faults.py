@@ -80,18 +80,14 @@ def place(s3_server: S3Server, proxy: FaultProxy) -> Iterator[tuple[Remote, Remo
 
 
 def rids_by_port(direct: Remote) -> dict[str, list[int]]:
-    return {port: sorted(read_port(direct, port).column("rid").to_pylist()) for port in PORTS}
-
-
-def rids_visible(direct: Remote) -> list[int]:
-    """Every row visible in the ports so far: a kill before a port's first commit leaves no
-    file under it, and S3 has no folders, so such a port shows nothing yet."""
-    return [
-        rid
-        for port in PORTS
+    """Each port's row ids; a port with no data file yet (a kill before its first commit: S3
+    has no folders) has none."""
+    return {
+        port: sorted(read_port(direct, port).column("rid").to_pylist())
         if any(not name.startswith("_") for name in files_under(direct, port))
-        for rid in read_port(direct, port).column("rid").to_pylist()
-    ]
+        else []
+        for port in PORTS
+    }
 
 
 def assert_as_the_reference(direct: Remote, inputs: list[pa.Table]) -> None:
@@ -335,7 +331,7 @@ def test_sigkill_loop_on_s3_with_faults_on_ends_exactly_once(
             assert done.returncode == 0, done.stderr[-3000:]
             break
         kills += 1
-        visible = rids_visible(direct)
+        visible = [rid for rids in rids_by_port(direct).values() for rid in rids]
         assert len(visible) == len(set(visible)), "a row is visible twice after a kill"
         stalled = stalled + 1 if len(visible) == seen else 0
         seen = len(visible)
