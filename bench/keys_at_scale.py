@@ -16,6 +16,13 @@ Each mode streams it into ``format("dedup")`` on ``local[2]`` with the sink's de
   (``--expiry-period``): the keys grow for 24 hours of event time (16 M keys), then as many
   expire as arrive.
 
+* ``bare``, the control: the same files through the bare Python sink (``common``'s
+  ``python_bare_source``: each task's rows written once as Parquet, nothing remembered, so
+  no restart). Its batches cost the same from first to last unless the machine slows over the
+  run (the page cache filling with the run's writes, other tenants), so ``ratio_over_control``
+  (a mode's ratio over the control's, at the same batch positions) is the sink's own growth
+  with its keys.
+
 Only ``stateCacheDir`` is set, to a folder of the run's own (its default is the system's temp
 folder), so the restart below starts from an empty one. The stream runs every file but the last,
 in a fresh process; then the store's files are dropped from the OS page cache
@@ -40,14 +47,15 @@ The ratio: ``per_batch_at_5M_keys_ms`` is the median ``triggerExecution`` of the
 centred on the first whose keys remembered reach ``--reference-keys`` (5,000,000),
 ``per_batch_at_end_ms`` the median of the stream's last five batches (the restart's excluded),
 ``ratio_end_vs_5M`` the second over the first (the target: at most 1.15);
-``cpu_ratio_end_vs_5M`` is the same ratio of the batches' CPU seconds. The last lines give them
-per mode (``[basic]``, ``[time-buckets]``) and then, unbracketed, the three of the mode with the
-larger ratio.
+``cpu_ratio_end_vs_5M`` is the same ratio of the batches' CPU seconds; the control's reference
+is the batch where Basic Dedup's keys reach ``--reference-keys``. The last lines give them
+per mode (``[basic]``, ``[time-buckets]``, ``[bare]``, with ``ratio_over_control`` for each
+sink mode) and then, unbracketed, the three of the sink mode with the larger ratio.
 
 ``--rows 100000000`` needs about 30 GB free under ``bench/.data`` (the input, one mode's output
 and its store at a time); the script estimates it from the first generated file and refuses a
 run that does not fit. Usage: ``python bench/keys_at_scale.py [--rows N] [--batch-rows N]
-[--modes basic,time-buckets]``; ``--rows 2000000 --batch-rows 100000 --reference-keys 500000``
+[--modes basic,time-buckets,bare]``; ``--rows 2000000 --batch-rows 100000 --reference-keys 500000``
 is a quick check (a few minutes).
 """
 
@@ -68,6 +76,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    BARE_SINK,
     DATA_DIR,
     RESULT_PREFIX,
     ExecutorSampler,
@@ -80,12 +89,19 @@ from common import (
     local_session_builder,
     median,
     print_machine,
+    python_bare_source,
     run_child,
     run_main,
 )
 from compare import compile_bytecode
 
 MODES = ("basic", "time-buckets")
+# The control: the same files through the bare Python sink (``common.python_bare_source``),
+# which remembers nothing. Its batches cost the same from first to last unless the machine's
+# own speed changes over the run (its disk filling its page cache, other tenants), so the sink's
+# ratio is read against the control's.
+CONTROL = "bare"
+ALL_MODES = (*MODES, CONTROL)
 PHASES = ("stream", "restart")
 MB = 2**20
 GB = 2**30
@@ -201,24 +217,23 @@ def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     spark.sparkContext.setLogLevel("ERROR")
     input_dir, output = run / "input", run / "out"
     schema = spark.read.parquet(str(next(input_dir.glob("*.parquet")))).schema
-    options = sink_options(args.one_mode, args.expiry_period)
-    options |= {"path": str(output), "stateCacheDir": str(run / f"state-{args.phase}")}
-    writer = (
-        spark.readStream.schema(schema)
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(input_dir))
-        .writeStream.format("dedup")
-        .options(**options)
-        .option("checkpointLocation", str(run / "checkpoint"))
-        .trigger(availableNow=True)
-    )
+    frame = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(input_dir))
+    if args.one_mode == CONTROL:
+        spark.dataSource.register(python_bare_source())
+        options = {"path": str(output)}
+        sink = frame.writeStream.format(BARE_SINK).options(**options)
+    else:
+        options = sink_options(args.one_mode, args.expiry_period)
+        options |= {"path": str(output), "stateCacheDir": str(run / f"state-{args.phase}")}
+        sink = frame.writeStream.format("dedup").options(**options)
+    writer = sink.option("checkpointLocation", str(run / "checkpoint")).trigger(availableNow=True)
     started = time.perf_counter()
     query = writer.start()
     batches = follow(query, sampler, started)
     seconds = time.perf_counter() - started
     sampler.stop()
     spark.stop()
-    history = store_history(output)
+    history = {} if args.one_mode == CONTROL else store_history(output)
     for record in batches:
         row = history.get(record["batch"], {})
         for name in ("keys_remembered", "state_fetched_bytes", "state_loaded_bytes"):
@@ -285,6 +300,8 @@ def run_mode(mode: str, files: list[Path], args: argparse.Namespace) -> dict[str
         stream = run_child(
             __file__, mode, phase_options(mode, "stream", run, args), runs, echo=True
         )
+        if mode == CONTROL:  # nothing remembered: no restart to measure
+            return {"mode": mode, "stream": stream, "restart": None, "store_bytes": 0}
         link_files(files[-1:], run / "input")
         dropped_files, dropped_bytes = drop_from_page_cache(run / "out" / "_store")
         print(
@@ -309,25 +326,32 @@ def reference_batch(batches: list[dict[str, Any]], keys: int) -> int:
     return len(batches) - 1
 
 
-def summarise(result: dict[str, Any], reference_keys: int) -> dict[str, Any]:
+def summarise(result: dict[str, Any], reference_keys: int, keys_per_file: int) -> dict[str, Any]:
+    """The batch times at the reference and at the end; for the control, whose store
+    remembers nothing, the reference is the batch after which Basic Dedup remembers
+    ``reference_keys`` (every file adds ``keys_per_file``)."""
     batches = result["stream"]["batches"]
-    at = reference_batch(batches, reference_keys)
+    if result["mode"] == CONTROL:
+        at = min(-(-reference_keys // keys_per_file) - 1, len(batches) - 1)
+    else:
+        at = reference_batch(batches, reference_keys)
     low = max(0, min(at - REACH // 2, len(batches) - REACH))
     around = batches[low : low + REACH]
-    first_restart = result["restart"]["batches"][0]
     summary = {
         "reference_batch": batches[at]["batch"],
         "reference_keys": batches[at]["keys_remembered"],
         "at_reference_ms": median([b["ms"] for b in around]),
         "at_end_ms": median([b["ms"] for b in batches[-REACH:]]),
         "end_keys": batches[-1]["keys_remembered"],
-        "restart_first_ms": first_restart["ms"],
-        "restart_first_wall_s": first_restart["since_start_s"],
-        "restart_fetched_bytes": first_restart["state_fetched_bytes"],
-        "restart_disk_read_bytes": result["restart"]["executor_read_bytes"],
         "peak_executor_pss": max(b["executor_pss"] for b in batches),
         "end_executor_pss": median([b["executor_pss"] for b in batches[-REACH:]]),
     }
+    if result["restart"] is not None:
+        first_restart = result["restart"]["batches"][0]
+        summary["restart_first_ms"] = first_restart["ms"]
+        summary["restart_first_wall_s"] = first_restart["since_start_s"]
+        summary["restart_fetched_bytes"] = first_restart["state_fetched_bytes"]
+        summary["restart_disk_read_bytes"] = result["restart"]["executor_read_bytes"]
     summary["ratio"] = summary["at_end_ms"] / summary["at_reference_ms"]
     if all("cpu_s" in b for b in batches):
         summary["at_reference_cpu_s"] = median([b["cpu_s"] for b in around])
@@ -337,7 +361,12 @@ def summarise(result: dict[str, Any], reference_keys: int) -> dict[str, Any]:
 
 
 def ports_line(result: dict[str, Any], spec: KeyStreamSpec, files: int) -> str:
-    """The ports' rows over both phases against the generator's truth."""
+    """The ports' rows over both phases against the generator's truth (the control's: its
+    rows in)."""
+    if result["restart"] is None:
+        rows = sum(b["rows"] for b in result["stream"]["batches"])
+        verdict = "ok" if rows == (files - 1) * spec.rows_per_file else "MISMATCH"
+        return f"{verdict}: {rows:,} rows written, every row of the first {files - 1} files"
     batches = result["stream"]["batches"] + result["restart"]["batches"]
     got = {port: sum(b[port] for b in batches) for port in ("unique", "duplicate", "expired")}
     unique = files * spec.originals_per_file()
@@ -355,7 +384,7 @@ def report_mode(result: dict[str, Any], summary: dict[str, Any], check: str) -> 
         f"{'batch':>6}{'ms':>9}{'CPU s':>7}{'keys remembered':>17}{'executor Python PSS':>21}"
         f"{'read':>12}{'load':>7}"
     )
-    rows = [*result["stream"]["batches"], *result["restart"]["batches"]]
+    rows = [*result["stream"]["batches"], *(result["restart"] or {"batches": []})["batches"]]
     for index, record in enumerate(rows):
         restart = " (restart)" if index == len(result["stream"]["batches"]) else ""
         cpu = f"{record['cpu_s']:.1f}" if "cpu_s" in record else "-"
@@ -370,10 +399,13 @@ def report_mode(result: dict[str, Any], summary: dict[str, Any], check: str) -> 
         "read: segment bytes the batch's tasks read from the store; load: the 1-minute load "
         "average at the batch's end, on 2 cores)"
     )
+    where, end = f"{summary['reference_keys']:,} keys", f"{summary['end_keys']:,} keys, "
+    if mode == CONTROL:
+        where, end = "Basic Dedup's reference", ""
     print(
-        f"{mode}: {summary['at_reference_ms']:,.0f} ms a batch at {summary['reference_keys']:,} "
-        f"keys (batch {summary['reference_batch']}, median of {REACH}), "
-        f"{summary['at_end_ms']:,.0f} ms at the end ({summary['end_keys']:,} keys, median of the "
+        f"{mode}: {summary['at_reference_ms']:,.0f} ms a batch at {where} "
+        f"(batch {summary['reference_batch']}, median of {REACH}), "
+        f"{summary['at_end_ms']:,.0f} ms at the end ({end}median of the "
         f"last {REACH}): {summary['ratio']:.3f}x; executor Python PSS peak "
         f"{summary['peak_executor_pss'] / MB:,.1f} MB, {summary['end_executor_pss'] / MB:,.1f} "
         f"MB over the last {REACH} batches"
@@ -383,6 +415,9 @@ def report_mode(result: dict[str, Any], summary: dict[str, Any], check: str) -> 
             f"{mode}: CPU a batch {summary['at_reference_cpu_s']:.1f} s at the reference, "
             f"{summary['at_end_cpu_s']:.1f} s at the end: {summary['cpu_ratio']:.3f}x"
         )
+    if "restart_first_ms" not in summary:
+        print(f"{mode}: rows {check}")
+        return
     print(
         f"{mode}: restart on a cold state folder: first batch {summary['restart_first_ms']:,} ms "
         f"({summary['restart_first_wall_s']:.1f} s from start() to its end), "
@@ -394,13 +429,20 @@ def report_mode(result: dict[str, Any], summary: dict[str, Any], check: str) -> 
 
 
 def print_ratios(summaries: dict[str, dict[str, Any]]) -> None:
+    control = summaries.get(CONTROL)
     for mode, summary in summaries.items():
         print(f"per_batch_at_5M_keys_ms[{mode}]={summary['at_reference_ms']:.0f}")
         print(f"per_batch_at_end_ms[{mode}]={summary['at_end_ms']:.0f}")
         if "cpu_ratio" in summary:
             print(f"cpu_ratio_end_vs_5M[{mode}]={summary['cpu_ratio']:.3f}")
         print(f"ratio_end_vs_5M[{mode}]={summary['ratio']:.3f}")
-    worst = max(summaries, key=lambda mode: summaries[mode]["ratio"])
+        if control is not None and mode != CONTROL:
+            # The sink's growth over the machine's: the control's batches at the same positions.
+            print(f"ratio_over_control[{mode}]={summary['ratio'] / control['ratio']:.3f}")
+    sinks = [mode for mode in summaries if mode != CONTROL]
+    if not sinks:
+        return
+    worst = max(sinks, key=lambda mode: summaries[mode]["ratio"])
     print(f"(unbracketed: {worst}, the larger ratio)")
     print(f"per_batch_at_5M_keys_ms={summaries[worst]['at_reference_ms']:.0f}")
     print(f"per_batch_at_end_ms={summaries[worst]['at_end_ms']:.0f}")
@@ -413,8 +455,8 @@ def orchestrate(args: argparse.Namespace) -> None:
     print_machine()
     print(f"PYSPARK_PYTHON={os.environ['PYSPARK_PYTHON']}")
     modes = [m for m in args.modes.split(",") if m]
-    if unknown := set(modes) - set(MODES):
-        raise SystemExit(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    if unknown := set(modes) - set(ALL_MODES):
+        raise SystemExit(f"unknown modes {sorted(unknown)}; known: {', '.join(ALL_MODES)}")
     spec = KeyStreamSpec(rows_per_file=args.batch_rows)
     count = -(-args.rows // args.batch_rows)
     if count < 2 * REACH:
@@ -435,7 +477,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     summaries = {}
     for mode in modes:
         result = run_mode(mode, files, args)
-        summaries[mode] = summarise(result, args.reference_keys)
+        summaries[mode] = summarise(result, args.reference_keys, spec.originals_per_file())
         report_mode(result, summaries[mode], ports_line(result, spec, count))
         if args.json:
             Path(f"{args.json}.{mode}.json").write_text(json.dumps(result, indent=1))
@@ -451,13 +493,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=30_000_000)
     parser.add_argument("--batch-rows", type=int, default=500_000)
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
+    parser.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated")
     parser.add_argument("--expiry-period", default="24 hours", help="the time-buckets mode's")
     parser.add_argument("--reference-keys", type=int, default=5_000_000)
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--json", help="also write each mode's records to <this>.<mode>.json")
     parser.add_argument("--keep", action="store_true", help="keep each mode's run folder")
-    parser.add_argument("--one-mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--one-mode", choices=ALL_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     run_main(parser, "one_mode", child, orchestrate)

@@ -338,13 +338,13 @@ def test_the_managers_filter_covers_large_buckets_through_each_windows_keys() ->
     rng = np.random.default_rng(5)
     shared = cache_module.BucketsFilter()
     entries = {0: CachedBucket.of(random_keys(rng, 20_000, 1)), 1: _bucket_of(100)}
-    shared.cover(entries, {0: [], 1: []}, lambda: 20_000)
+    shared.cover(entries, lambda: 20_000)
     first = shared.nbytes
     absent = Fingerprints(*(rng.integers(0, 2**64 - 1, 5_000, dtype=np.uint64),) * 2)
     for window in range(2, 40):
         new = random_keys(rng, 60, window)
         entries = {0: CachedBucket.of(*entries[0].sets, new), 1: entries[1]}
-        shared.cover(entries, {0: [new], 1: []}, lambda: 22_280)
+        shared.cover(entries, lambda: 22_280)
         every = entries[0].merged()
         passing, covered = shared.passing([0, 1], Fingerprints(every.h1, every.h2))
         assert covered == [True, False] and passing.all()
@@ -352,11 +352,71 @@ def test_the_managers_filter_covers_large_buckets_through_each_windows_keys() ->
     assert shared.passing([0], absent)[0].mean() < 0.03
 
     grown = {2: CachedBucket.of(random_keys(rng, 30_000, 40))}
-    shared.cover(grown, {2: []}, lambda: 52_280)
+    shared.cover(grown, lambda: 52_280)
     keys = grown[2].sets[0]
     passing, covered = shared.passing([0, 2], Fingerprints(keys.h1, keys.h2))
     assert covered == [False, True] and passing.all()
     assert shared.nbytes == KeyFilter(52_280 * 3 // 2).bits.nbytes == 2**17
+
+
+def test_a_covered_bucket_loaded_again_adds_only_the_segments_committed_since(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A covered bucket dropped from a process's cache (the byte bound, a task of a version
+    that did not use it) and loaded again, as a new entry of the same segments and one more,
+    adds that one segment's keys to the filter, not its every key again: at 27 M keys that
+    re-adding cost a second and more of a batch. Every key it holds still passes."""
+    added: list[int] = []
+    add_all = cache_module._add_all
+
+    def counting(key_filter: KeyFilter, sets: list[KeySet]) -> None:
+        added.append(sum(len(keys) for keys in sets))
+        add_all(key_filter, sets)
+
+    monkeypatch.setattr(cache_module, "_add_all", counting)
+    rng = np.random.default_rng(7)
+    shared = cache_module.BucketsFilter()
+    sets = [random_keys(rng, 20_000, 1)]
+    shared.cover({0: CachedBucket.of(*sets)}, lambda: 20_000)
+    size = shared.nbytes
+    for window in range(2, 12):
+        sets.append(random_keys(rng, 100, window))
+        reloaded = CachedBucket.of(*sets)  # built afresh, as a load after the cache let it go
+        shared.cover({0: reloaded}, lambda: len(reloaded))
+        every = reloaded.merged()
+        passing, covered = shared.passing([0], Fingerprints(every.h1, every.h2))
+        assert covered == [True] and passing.all()
+    assert added == [20_000] + [100] * 10
+    assert shared.nbytes == size, "the filter was never replaced"
+
+
+def test_a_task_without_rows_keeps_the_buckets_its_process_holds(tmp_path: Path) -> None:
+    """Spark splits a file of one row group into a split holding every row and an empty one.
+    The empty split's task leaves its process's cache as it is: it learnt nothing of what the
+    next windows need (before, it let go of every bucket, and the process's next task opened
+    and filtered the whole state again)."""
+    plan = make_plan(tmp_path, SCHEMA, keys="id", numBuckets="8")
+    options = plan.options
+
+    def process_manager() -> BucketManager:
+        manifest = plan.store.read()
+        assert manifest is not None
+        return manager_for(
+            plan.store,
+            manifest,
+            options.max_cached_buckets,
+            stamp_dtype(plan.settings),
+            options.max_cache_memory.nbytes,
+            options.state_cache_dir,
+        )
+
+    one_window(plan, 0, range(0, 2000))
+    one_window(plan, 1, range(2000, 4000))  # its task loads the 8 buckets of version 1
+    assert process_manager().cache.info().size == 8
+    one_window(plan, 2, [])  # a task of version 2 that looks nothing up
+    assert process_manager().cache.info().size == 8
+    one_window(plan, 3, range(4000, 4002))  # a task that looks up two keys keeps their buckets
+    assert 0 < process_manager().cache.info().size <= 2
 
 
 def test_the_managers_filter_counts_against_the_cache_bound() -> None:

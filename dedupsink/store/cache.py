@@ -229,7 +229,11 @@ class BucketsFilter:
 
     def __init__(self) -> None:
         self._filter: KeyFilter | None = None
-        self._covered: set[int] = set()
+        # The covered buckets, each with the segments whose keys are in the filter. Bits are
+        # never cleared, so a covered bucket dropped from the cache and loaded again adds only
+        # the segments committed since: before, it added its every key again, a cost growing
+        # with the state at each such load (bench/RESULTS.md, "Keys at scale").
+        self._added: dict[int, frozenset[tuple[str, int]]] = {}
         self._room = 0  # keys that may still be added before the filter is replaced
         self._lock = threading.Lock()
 
@@ -237,40 +241,36 @@ class BucketsFilter:
     def nbytes(self) -> int:
         return 0 if self._filter is None else self._filter.bits.nbytes
 
-    def cover(
-        self,
-        entries: dict[int, CachedBucket],
-        new: dict[int, list[KeySet]],
-        cached_keys: Callable[[], int],
-    ) -> None:
-        """Keep covered the buckets in ``entries`` (their versions about to be cached), which
-        gained the keys in ``new``, and cover those grown large. ``cached_keys``: the keys of
-        the large buckets cached, which size a new filter."""
+    def cover(self, entries: dict[int, CachedBucket], cached_keys: Callable[[], int]) -> None:
+        """Keep covered the buckets in ``entries`` (their versions about to be cached), adding
+        the segments the filter lacks, and cover those grown large. ``cached_keys``: the keys
+        of the large buckets cached, which size a new filter."""
         with self._lock:
-            sets, covering = self._to_add(entries, new)
+            sets, covering = self._to_add(entries)
             count = sum(len(keys) for keys in sets)
             if count and (self._filter is None or count > self._room):
-                self._covered.clear()
-                sets, covering = self._to_add(entries, new)
+                self._added.clear()
+                sets, covering = self._to_add(entries)
                 count = sum(len(keys) for keys in sets)
                 self._filter = KeyFilter(max(cached_keys(), count) * 3 // 2)
                 self._room = self._filter.capacity
             if count and self._filter is not None:
                 _add_all(self._filter, sets)
                 self._room -= count
-            self._covered |= covering
+            self._added.update(covering)
 
     def _to_add(
-        self, entries: dict[int, CachedBucket], new: dict[int, list[KeySet]]
-    ) -> tuple[list[KeySet], set[int]]:
+        self, entries: dict[int, CachedBucket]
+    ) -> tuple[list[KeySet], dict[int, frozenset[tuple[str, int]]]]:
+        """The sets to add, and the buckets covered once they are, with their segments."""
         sets: list[KeySet] = []
-        covering: set[int] = set()
+        covering: dict[int, frozenset[tuple[str, int]]] = {}
         for bucket, entry in entries.items():
-            if bucket in self._covered:
-                sets.extend(new[bucket])
-            elif len(entry) >= FILTER_FROM_KEYS:
-                sets.extend(entry.sets)
-                covering.add(bucket)
+            added = self._added.get(bucket)
+            if added is None and len(entry) < FILTER_FROM_KEYS:
+                continue  # left to its searches
+            sets.extend(keys for ident, keys in entry.parts if added is None or ident not in added)
+            covering[bucket] = entry.segments
         return sets, covering
 
     def passing(self, buckets: list[int], fps: Fingerprints) -> tuple[np.ndarray, list[bool]]:
@@ -279,7 +279,7 @@ class BucketsFilter:
         they are covered by: a filter replaced meanwhile leaves this one's bits as they were."""
         with self._lock:
             key_filter = self._filter
-            covered = [bucket in self._covered for bucket in buckets]
+            covered = [bucket in self._added for bucket in buckets]
         if key_filter is None or not any(covered):
             return np.ones(len(fps), dtype=bool), [False] * len(buckets)
         return key_filter.may_contain(fps.h1, fps.h2), covered
@@ -361,10 +361,14 @@ class BucketManager:
         """The state the task since ``begin_task`` used, and what this process holds once it
         let go of the buckets no task of this version used: with a key-partitioned input a
         process keeps its partitions' share, and maps again, cheaply, what a later window's
-        partitions need (their copies stay on the machine's disk)."""
+        partitions need (their copies stay on the machine's disk). A process whose tasks of
+        this version looked nothing up (an empty split of the input) keeps what it holds: it
+        learnt nothing of what the next windows need, and dropping everything made its next
+        task open the whole state again."""
         with self._lock:
             touched = set(self._touched)
-        self.cache.retain(touched)
+        if touched:
+            self.cache.retain(touched)
         info = self.cache.info()
         with self._lock:
             return StateUse(self._loaded, self._loaded, self._fetched, info.nbytes, info.mapped)
@@ -433,10 +437,8 @@ class BucketManager:
             for segment in self.manifest.buckets.get(bucket, []):
                 if segment_ident(segment) not in held[bucket]:
                     wanted.append((bucket, segment))
-        additions: dict[int, list[KeySet]] = {bucket: [] for bucket in buckets}
         for (bucket, segment), keys in zip(wanted, self._open(wanted), strict=True):
             held[bucket][segment_ident(segment)] = keys
-            additions[bucket].append(keys)
         result = {
             bucket: CachedBucket(
                 tuple(
@@ -446,7 +448,7 @@ class BucketManager:
             )
             for bucket in buckets
         }
-        self.filter.cover(result, additions, lambda: self.cache.keys_held(FILTER_FROM_KEYS))
+        self.filter.cover(result, lambda: self.cache.keys_held(FILTER_FROM_KEYS))
         self.cache.reserve(self.filter.nbytes)
         for bucket, entry in result.items():
             self.cache.put(bucket, entry)
