@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -382,12 +383,29 @@ def test_a_covered_bucket_loaded_again_adds_only_the_segments_committed_since(
     for window in range(2, 12):
         sets.append(random_keys(rng, 100, window))
         reloaded = CachedBucket.of(*sets)  # built afresh, as a load after the cache let it go
-        shared.cover({0: reloaded}, lambda: len(reloaded))
+        shared.cover({0: reloaded}, partial(len, reloaded))
         every = reloaded.merged()
         passing, covered = shared.passing([0], Fingerprints(every.h1, every.h2))
         assert covered == [True] and passing.all()
     assert added == [20_000] + [100] * 10
     assert shared.nbytes == size, "the filter was never replaced"
+
+
+def test_the_filter_forgets_the_buckets_a_store_no_longer_lists() -> None:
+    """A time bucket forgotten by the store leaves the filter's covered buckets (its record of
+    segments would otherwise grow with every bucket a long stream ever had); a bucket still
+    listed stays covered."""
+    rng = np.random.default_rng(3)
+    shared = cache_module.BucketsFilter()
+    entries = {
+        0: CachedBucket.of(random_keys(rng, 9_000, 1)),
+        1: CachedBucket.of(random_keys(rng, 9_000, 2)),
+    }
+    shared.cover(entries, lambda: 18_000)
+    probe = Fingerprints(*(rng.integers(0, 2**64 - 1, 10, dtype=np.uint64),) * 2)
+    assert shared.passing([0, 1], probe)[1] == [True, True]
+    shared.keep_only({1: []})
+    assert shared.passing([0, 1], probe)[1] == [False, True]
 
 
 def test_a_task_without_rows_keeps_the_buckets_its_process_holds(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -273,6 +273,13 @@ class BucketsFilter:
             covering[bucket] = entry.segments
         return sets, covering
 
+    def keep_only(self, buckets: Collection[int]) -> None:
+        """Forget the covered buckets not among these (a store's index no longer lists a time
+        bucket once it is forgotten): their bits stay, harmless, until the filter is replaced."""
+        with self._lock:
+            for bucket in [b for b in self._added if b not in buckets]:
+                del self._added[bucket]
+
     def passing(self, buckets: list[int], fps: Fingerprints) -> tuple[np.ndarray, list[bool]]:
         """Which of these queries may be held, and which of these buckets that answer holds
         for (the others' queries must all be searched). The buckets are read with the filter
@@ -341,6 +348,7 @@ class BucketManager:
             self.manifest = manifest
             if previous is None or manifest.version != previous.version:
                 self._touched = set()
+                self.filter.keep_only(manifest.buckets)
         if self.shared is not None and time.monotonic() - self._swept_at > _SWEEP_EVERY_SECONDS:
             self._swept_at = time.monotonic()
             self.shared.sweep(set(manifest.files))
