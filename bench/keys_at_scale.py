@@ -18,8 +18,8 @@ Each mode streams it into ``format("dedup")`` on ``local[2]`` with the sink's de
 
 * ``bare``, the control: the same files through the bare Python sink (``common``'s
   ``python_bare_source``: each task's rows written once as Parquet, nothing remembered, so
-  no restart). Its batches cost the same from first to last unless the machine slows over the
-  run (the page cache filling with the run's writes, other tenants), so ``ratio_over_control``
+  no restart). Its batches cost the same from first to last unless the host's speed changes
+  over the run (other work, the disk), so ``ratio_over_control``
   (a mode's ratio over the control's, at the same batch positions) is the sink's own growth
   with its keys.
 
@@ -96,11 +96,7 @@ from common import (
 from compare import compile_bytecode
 
 MODES = ("basic", "time-buckets")
-# The control: the same files through the bare Python sink (``common.python_bare_source``),
-# which remembers nothing. Its batches cost the same from first to last unless the machine's
-# own speed changes over the run (its disk filling its page cache, other tenants), so the sink's
-# ratio is read against the control's.
-CONTROL = "bare"
+CONTROL = "bare"  # the bare Python sink over the same files (the module's docstring)
 ALL_MODES = (*MODES, CONTROL)
 PHASES = ("stream", "restart")
 MB = 2**20
