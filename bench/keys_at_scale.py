@@ -362,7 +362,7 @@ def ports_line(result: dict[str, Any], spec: KeyStreamSpec, files: int) -> str:
     if result["restart"] is None:
         rows = sum(b["rows"] for b in result["stream"]["batches"])
         verdict = "ok" if rows == (files - 1) * spec.rows_per_file else "MISMATCH"
-        return f"{verdict}: {rows:,} rows written, every row of the first {files - 1} files"
+        return f"{verdict}: {rows:,} rows streamed, every row of the first {files - 1} files"
     batches = result["stream"]["batches"] + result["restart"]["batches"]
     got = {port: sum(b[port] for b in batches) for port in ("unique", "duplicate", "expired")}
     unique = files * spec.originals_per_file()
