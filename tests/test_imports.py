@@ -7,8 +7,10 @@ own that stays for the session: neither may import pyarrow or the sink's engine 
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("pyarrow", "numpy", "fsspec", "msgpack", "dedupsink.engine", "dedupsink.store")
 
@@ -62,6 +64,36 @@ def test_planning_and_committing_import_no_compute_kernels_nor_other_formats() -
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.split() == []
+
+
+def test_a_first_commit_writing_the_empty_ports_files_imports_no_compute_kernels(
+    tmp_path: Path,
+) -> None:
+    """The commit of a query's first window writes an empty file for each port its rows left
+    empty, in Spark's commit process, which the tasks' classification never ran in."""
+    import pyarrow as pa
+
+    from dedupsink.sink.local import LocalSink
+
+    schema = pa.schema([("id", pa.string()), ("n", pa.int64())])
+    options = {"path": str(tmp_path / "out"), "keys": "id"}
+    rows = pa.table({"id": ["a", "b"], "n": [1, 2]}, schema=schema)
+    summaries = LocalSink(options, schema).tasks(0, rows, partitions=2)
+    (tmp_path / "window.pickle").write_bytes(pickle.dumps((options, schema, summaries)))
+    probe = (
+        "import pickle, sys\n"
+        "from dedupsink.sink.commit import commit_window\n"
+        "from dedupsink.sink.plan import plan_for\n"
+        f"options, schema, summaries = pickle.loads(open({str(tmp_path / 'window.pickle')!r},"
+        " 'rb').read())\n"
+        "commit_window(plan_for(options, schema, 'commit', 'never'), summaries, 0)\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('pyarrow.compute')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == []
+    assert sorted(p.name for p in (tmp_path / "out" / "expired").glob("*.parquet")) != []
 
 
 def test_each_port_format_is_found_by_its_name() -> None:
