@@ -37,3 +37,23 @@ def test_the_sink_serves_arrow_from_jemalloc_unless_switched_off() -> None:
 
 def test_an_application_chosen_arrow_pool_is_kept() -> None:
     assert pool_after_tuning(ARROW_DEFAULT_MEMORY_POOL="system") == "system"
+
+
+def test_the_collector_is_paused_while_the_sink_imports_in_bulk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    from dedupsink.sink.worker import importing_in_bulk
+
+    monkeypatch.delenv("DEDUPSINK_TUNE_PROCESS", raising=False)
+    assert gc.isenabled()
+    with importing_in_bulk():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError), importing_in_bulk():
+        raise KeyError("an import failed")
+    assert gc.isenabled(), "a failed import leaves the collector running"
+    monkeypatch.setenv("DEDUPSINK_TUNE_PROCESS", "false")
+    with importing_in_bulk():
+        assert gc.isenabled()

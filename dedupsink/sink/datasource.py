@@ -37,7 +37,7 @@ from pyspark.sql.types import (
 )
 
 from dedupsink.errors import DedupError, DedupOptionError
-from dedupsink.sink.worker import COMMIT_LOG_ENV, tune_worker_process
+from dedupsink.sink.worker import COMMIT_LOG_ENV, importing_in_bulk, tune_worker_process
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,7 +71,8 @@ def _write(
 
 
 def _commit(plan: SinkPlan, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-    from dedupsink.sink.commit import commit_window
+    with importing_in_bulk():
+        from dedupsink.sink.commit import commit_window
 
     tune_worker_process()
     _log_to_stderr_if_unconfigured()
@@ -316,34 +317,37 @@ class DedupDataSource(DataSource):
         return DedupHistoryReader(dict(self.options), list(schema.fieldNames()))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        with importing_in_bulk():
+            from pyspark.sql.pandas.types import to_arrow_schema
 
-        from dedupsink.sink.plan import Checks, plan_for
+            from dedupsink.sink.plan import Checks, plan_for
 
-        tune_worker_process()
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        # Spark plans every micro-batch, and again for its commit: the checks are made once a
-        # process, and not for a commit (which checks what it relies on itself).
-        check: Checks = "never" if _planning_a_commit() else "once"
-        with said_in_one_line():
-            return DedupStreamWriter(plan_for(dict(self.options), arrow_schema, new_run(), check))
+            tune_worker_process()
+            arrow_schema = to_arrow_schema(schema, timezone="UTC")
+            # Spark plans every micro-batch, and again for its commit: the checks are made once
+            # a process, and not for a commit (which checks what it relies on itself).
+            check: Checks = "never" if _planning_a_commit() else "once"
+            with said_in_one_line():
+                plan = plan_for(dict(self.options), arrow_schema, new_run(), check)
+        return DedupStreamWriter(plan)
 
     def writer(self, schema: StructType, overwrite: bool) -> DedupBatchWriter:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        with importing_in_bulk():
+            from pyspark.sql.pandas.types import to_arrow_schema
 
-        from dedupsink.sink.plan import plan_for
+            from dedupsink.sink.plan import plan_for
 
-        tune_worker_process()
-        with said_in_one_line():
-            if overwrite:
-                # Spark itself refuses the error and ignore modes for a Python data source; only
-                # append and overwrite reach here.
-                raise DedupOptionError(
-                    "mode",
-                    "overwrite",
-                    "append: a batch write adds one window to the store and its ports, which it "
-                    "never replaces (use .mode('append'))",
-                )
-            arrow_schema = to_arrow_schema(schema, timezone="UTC")
-            plan = plan_for(dict(self.options), arrow_schema, new_run(), "always")
+            tune_worker_process()
+            with said_in_one_line():
+                if overwrite:
+                    # Spark itself refuses the error and ignore modes for a Python data source;
+                    # only append and overwrite reach here.
+                    raise DedupOptionError(
+                        "mode",
+                        "overwrite",
+                        "append: a batch write adds one window to the store and its ports, "
+                        "which it never replaces (use .mode('append'))",
+                    )
+                arrow_schema = to_arrow_schema(schema, timezone="UTC")
+                plan = plan_for(dict(self.options), arrow_schema, new_run(), "always")
         return DedupBatchWriter(plan)

@@ -1,7 +1,7 @@
 """What the sink does to the Python process it runs in, and the one switch that turns it off.
 
 In Spark's long-lived Python workers (forked from its daemon, counted against the executor's
-memory overhead and the tasks' CPU), three process-wide settings:
+memory overhead and the tasks' CPU), three process-wide settings, and one pause:
 
 * ``gc.freeze()`` (only under Spark's daemon): its full collection after every call then skips
   the modules loaded; frozen objects are still freed by reference counting.
@@ -10,7 +10,9 @@ memory overhead and the tasks' CPU), three process-wide settings:
 * Arrow's pool: jemalloc returning freed pages at once (unless ``ARROW_DEFAULT_MEMORY_POOL``
   chose one), not mimalloc, which keeps pages in proportion to a window's size.
 
-``DEDUPSINK_TUNE_PROCESS=false`` in the executors' environment turns all three off.
+* the cyclic collector paused while the sink's modules are imported (``importing_in_bulk``).
+
+``DEDUPSINK_TUNE_PROCESS=false`` in the executors' environment turns all four off.
 bench/RESULTS.md, "Measurements behind design choices", has the measurements.
 """
 
@@ -20,6 +22,8 @@ import ctypes
 import gc
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # pyarrow is imported where the pool is set: the data source module imports this one, and Spark
 # imports that in processes that only look the "dedup" format up (bench/RESULTS.md, "Memory as
@@ -37,11 +41,15 @@ _MMAP_THRESHOLD_BYTES = 1 << 20
 _memory_bounded = False
 
 
+def _switched_off() -> bool:
+    return os.environ.get(SWITCH_ENV, "true").strip().lower() == "false"
+
+
 def tune_worker_process() -> None:
     """Apply the settings above (each call freezes what is alive now; the memory settings are
     made once a process)."""
     global _memory_bounded
-    if os.environ.get(SWITCH_ENV, "true").strip().lower() == "false":
+    if _switched_off():
         return
     if _under_sparks_daemon():
         gc.freeze()
@@ -70,3 +78,21 @@ def _serve_arrow_from_jemalloc() -> None:
     if not os.environ.get(_ARROW_POOL_ENV) and "jemalloc" in pa.supported_memory_backends():
         pa.set_memory_pool(pa.jemalloc_memory_pool())
         pa.jemalloc_set_decay_ms(0)
+
+
+@contextmanager
+def importing_in_bulk() -> Iterator[None]:
+    """Pause the cyclic collector while the sink's modules are imported. The first use in each
+    fresh Python process Spark starts for a query (its planner, its tasks, its commit) imports
+    some hundred modules, every object of which lives as long as the process; meanwhile the
+    collector walks the growing heap about sixty times, 15-25 ms of the first batch in each
+    process (bench/RESULTS.md, "The first batch's imports"). Reference counting still frees
+    what is dropped; the collector resumes after."""
+    if _switched_off() or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
