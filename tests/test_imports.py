@@ -15,13 +15,19 @@ from pathlib import Path
 HEAVY = ("pyarrow", "numpy", "fsspec", "msgpack", "dedupsink.engine", "dedupsink.store")
 
 
-def imported_after(code: str) -> list[str]:
-    """The heavy modules a fresh interpreter holds after running ``code``."""
-    probe = f"import sys\n{code}\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+def printed_by(probe: str) -> list[str]:
+    """The words a fresh interpreter prints running ``probe``."""
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     return result.stdout.split()
+
+
+def imported_after(code: str) -> list[str]:
+    """The heavy modules a fresh interpreter holds after running ``code``."""
+    return printed_by(
+        f"import sys\n{code}\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
 
 
 def test_finding_the_format_imports_no_pyarrow() -> None:
@@ -60,10 +66,7 @@ def test_planning_and_committing_import_no_compute_kernels_nor_other_formats() -
         "            'dedupsink.ports.compaction', 'deltalake', 'pyiceberg')\n"
         "print(' '.join(m for m in sys.modules if m.startswith(prefixes)))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    )
-    assert result.stdout.split() == []
+    assert printed_by(probe) == []
 
 
 def test_a_first_commit_writing_the_empty_ports_files_imports_no_compute_kernels(
@@ -89,11 +92,8 @@ def test_a_first_commit_writing_the_empty_ports_files_imports_no_compute_kernels
         "commit_window(plan_for(options, schema, 'commit', 'never'), summaries, 0)\n"
         "print(' '.join(m for m in sys.modules if m.startswith('pyarrow.compute')))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    )
-    assert result.stdout.split() == []
-    assert sorted(p.name for p in (tmp_path / "out" / "expired").glob("*.parquet")) != []
+    assert printed_by(probe) == []
+    assert list((tmp_path / "out" / "expired").glob("*.parquet")), "no empty port file written"
 
 
 def test_each_port_format_is_found_by_its_name() -> None:
