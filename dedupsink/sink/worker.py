@@ -82,12 +82,13 @@ def _serve_arrow_from_jemalloc() -> None:
 
 @contextmanager
 def importing_in_bulk() -> Iterator[None]:
-    """Pause the cyclic collector while the sink's modules are imported. The first use in each
-    fresh Python process Spark starts for a query (its planner, its tasks, its commit) imports
-    some hundred modules, every object of which lives as long as the process; meanwhile the
-    collector walks the growing heap about sixty times, 15-25 ms of the first batch in each
-    process (bench/RESULTS.md, "The first batch's imports"). Reference counting still frees
-    what is dropped; the collector resumes after."""
+    """Pause the cyclic collector while the sink's modules are imported. The first plan in
+    each of the fresh Python processes Spark starts for a query's planning and its commits
+    imports some hundred modules, every object of which lives as long as the process; the
+    collector would walk the growing heap some sixty times meanwhile, 13-19 ms of the first
+    batch in each (bench/RESULTS.md, "The first batch's imports"; a task's imports gained
+    nothing, so tasks import as they were). Reference counting still frees what is dropped;
+    the collector resumes after."""
     if _switched_off() or not gc.isenabled():
         yield
         return
