@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -42,7 +42,7 @@ from dedupsink.sink.worker import COMMIT_LOG_ENV, importing_in_bulk, tune_worker
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from dedupsink.sink.plan import SinkPlan, TaskIdentity
+    from dedupsink.sink.plan import Checks, SinkPlan, TaskIdentity
     from dedupsink.sink.task import TaskSummary
 
 # The sink's engine, store and Parquet modules are imported by the methods that use them:
@@ -317,37 +317,34 @@ class DedupDataSource(DataSource):
         return DedupHistoryReader(dict(self.options), list(schema.fieldNames()))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DedupStreamWriter:
-        with importing_in_bulk():
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            from dedupsink.sink.plan import Checks, plan_for
-
-            tune_worker_process()
-            arrow_schema = to_arrow_schema(schema, timezone="UTC")
-            # Spark plans every micro-batch, and again for its commit: the checks are made once
-            # a process, and not for a commit (which checks what it relies on itself).
-            check: Checks = "never" if _planning_a_commit() else "once"
-            with said_in_one_line():
-                plan = plan_for(dict(self.options), arrow_schema, new_run(), check)
-        return DedupStreamWriter(plan)
+        # Spark plans every micro-batch, and again for its commit: the checks are made once a
+        # process, and not for a commit (which checks what it relies on itself).
+        check: Checks = "never" if _planning_a_commit() else "once"
+        return DedupStreamWriter(_plan(self.options, schema, check))
 
     def writer(self, schema: StructType, overwrite: bool) -> DedupBatchWriter:
-        with importing_in_bulk():
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            from dedupsink.sink.plan import plan_for
-
-            tune_worker_process()
+        if overwrite:
             with said_in_one_line():
-                if overwrite:
-                    # Spark itself refuses the error and ignore modes for a Python data source;
-                    # only append and overwrite reach here.
-                    raise DedupOptionError(
-                        "mode",
-                        "overwrite",
-                        "append: a batch write adds one window to the store and its ports, "
-                        "which it never replaces (use .mode('append'))",
-                    )
-                arrow_schema = to_arrow_schema(schema, timezone="UTC")
-                plan = plan_for(dict(self.options), arrow_schema, new_run(), "always")
-        return DedupBatchWriter(plan)
+                # Spark itself refuses the error and ignore modes for a Python data source; only
+                # append and overwrite reach here.
+                raise DedupOptionError(
+                    "mode",
+                    "overwrite",
+                    "append: a batch write adds one window to the store and its ports, which it "
+                    "never replaces (use .mode('append'))",
+                )
+        return DedupBatchWriter(_plan(self.options, schema, "always"))
+
+
+def _plan(options: Mapping[str, str], schema: StructType, check: Checks) -> SinkPlan:
+    """The sink's plan for a write of ``schema`` (a new run), built in the process Spark plans
+    or commits in: the first there imports the sink's modules, with the collector paused."""
+    with importing_in_bulk():
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from dedupsink.sink.plan import plan_for
+
+        tune_worker_process()
+        arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        with said_in_one_line():
+            return plan_for(dict(options), arrow_schema, new_run(), check)
