@@ -159,3 +159,13 @@ def test_only_the_command_line_imports_the_package_root() -> None:
         if "dedupsink" in targets and layer_of(module) not in ("cli", "__main__")
     }
     assert importers == set()
+
+
+def test_the_installed_distribution_takes_its_version_from_the_package() -> None:
+    """pyproject.toml names no version of its own: the one in ``dedupsink/version.py`` (Delta's
+    ``engineInfo``, the report's page, ``--version``) is the installed distribution's."""
+    from importlib.metadata import version
+
+    from dedupsink.version import __version__
+
+    assert version("dedupsink") == __version__
