@@ -102,29 +102,56 @@ def choose_folds(
         hot = {bucket for window_file in newest for bucket in window_file.buckets}
         hot.update(np.unique(new.buckets).tolist())  # a bucket keeps one segment per file
         crowded = [b for b in crowded if b not in hot]
-    folds: list[Fold] = []
+    chosen: list[tuple[int, list[Segment]]] = []
     for bucket in crowded:
-        if len(folds) == COMPACT_BUCKETS_PER_WINDOW:
+        if len(chosen) == COMPACT_BUCKETS_PER_WINDOW:
             break
         segments = sorted(manifest.buckets[bucket], key=lambda s: s.count)
         if not by_time:
             segments = tiered_fold(segments)
-        if len(segments) < 2:
-            continue
-        counted = [manifest.files[s.file].stamp_counts is not None for s in segments]
-        if context.settings.provisional_stamps:
-            read = manager.read_segments(segments)
-            counts = _segment_stamp_counts(read.stamps, segments, counted)
-            keys = _alive(read, context.expiry_point)
-            folds.append(Fold(bucket, segments, keys=keys, stamp_counts=counts))
-        else:
-            raw = manager.store.fetch(segments)
-            dtype = stamp_dtype(context.settings)
-            counts = [
-                _raw_stamp_counts(r, s, dtype) if wanted else None
-                for r, s, wanted in zip(raw, segments, counted, strict=True)
-            ]
-            folds.append(Fold(bucket, segments, raw, stamp_counts=counts))
+        if len(segments) >= 2:
+            chosen.append((bucket, segments))
+    if context.settings.provisional_stamps:
+        return [_decoded_fold(manager, manifest, context, b, s) for b, s in chosen]
+    return _raw_folds(manager, manifest, context, chosen)
+
+
+def _counted(manifest: Manifest, segments: list[Segment]) -> list[bool]:
+    return [manifest.files[s.file].stamp_counts is not None for s in segments]
+
+
+def _decoded_fold(
+    manager: BucketManager,
+    manifest: Manifest,
+    context: KeysContext,
+    bucket: int,
+    segments: list[Segment],
+) -> Fold:
+    read = manager.read_segments(segments)
+    counts = _segment_stamp_counts(read.stamps, segments, _counted(manifest, segments))
+    return Fold(bucket, segments, keys=_alive(read, context.expiry_point), stamp_counts=counts)
+
+
+def _raw_folds(
+    manager: BucketManager,
+    manifest: Manifest,
+    context: KeysContext,
+    chosen: list[tuple[int, list[Segment]]],
+) -> list[Fold]:
+    """The folds' stored bytes, fetched in one call for all of them: the crowded buckets'
+    segments lie in the same few window files, which one fetch reads once each, side by side
+    (a fetch a bucket read each file once a bucket, one round trip after another)."""
+    every = [segment for _, segments in chosen for segment in segments]
+    fetched = iter(manager.store.fetch(every))
+    dtype = stamp_dtype(context.settings)
+    folds = []
+    for bucket, segments in chosen:
+        raw = [next(fetched) for _ in segments]
+        counts = [
+            _raw_stamp_counts(r, s, dtype) if wanted else None
+            for r, s, wanted in zip(raw, segments, _counted(manifest, segments), strict=True)
+        ]
+        folds.append(Fold(bucket, segments, raw, stamp_counts=counts))
     return folds
 
 
