@@ -18,6 +18,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from dedupsink.engine.settings import Settings, human_span
@@ -187,6 +188,10 @@ class BucketStore:
     def read(self, version: int | None = None) -> Manifest | None:
         """A committed manifest (the latest by default); None for an empty store."""
         entry = None
+        if version is None and self.storage.remote:
+            found = self._read_after_known()
+            if found is not None:
+                return found
         if version is None:
             log = self._log()
             if not log:
@@ -209,6 +214,34 @@ class BucketStore:
         # Callers get their own top-level object (some set fields on it to derive a version);
         # the nested containers are shared, and nothing mutates a committed version's.
         return copy.copy(manifest)
+
+    def _read_after_known(self) -> Manifest | None:
+        """The latest manifest when it is the one after the version this process knows, in one
+        round trip instead of a listing's and a read's: versions are created one after another
+        (each by the conditional create of the next name), so ``K+1`` present and ``K+2``
+        absent make ``K+1`` the latest, as a listing would have said at that instant (a later
+        commit is caught by the commit's conditional create either way). None where that does
+        not hold: no known version, the known one still the latest, or several versions since.
+        Tasks of a steady stream are the case it serves: their process read ``K`` a window ago
+        and the driver has committed ``K+1`` since."""
+        known = _known.get(self.url)
+        if known is None:
+            return None
+        after = known.manifest.version + 1
+        data, beyond = self.storage.gather(
+            [partial(self._read_if_present, after), partial(self._read_if_present, after + 1)]
+        )
+        if data is None or beyond is not None:
+            return None
+        manifest = Manifest.from_bytes(data, self.storage.full_url(self.manifest_path(after)))
+        _known[self.url] = _KnownManifest(manifest, data, None)
+        return copy.copy(manifest)
+
+    def _read_if_present(self, version: int) -> bytes | None:
+        try:
+            return self.storage.read(self.manifest_path(version))
+        except FileNotFoundError:
+            return None
 
     def read_base(self, version: int, store_id: str) -> Manifest:
         """The version a window's tasks classified against: the one this process last wrote or

@@ -30,6 +30,7 @@ from dedupsink.store.retry import Attempts
 from dedupsink.store.storage.paths import basename, join, parent
 
 T = TypeVar("T")
+U = TypeVar("U")
 SUPPORTED = (
     "a local path, file://, memory://, hdfs://, viewfs://, s3://, s3a://, gs://, abfs:// or az://"
 )
@@ -192,15 +193,21 @@ class Storage(ABC):
         """Make independent calls: at once on a remote family (each a round trip, the client's
         loop sends them side by side), one after the other on a local one. The first failure
         is raised once every call has ended."""
+        self.gather(calls)
+
+    def gather(self, calls: Iterable[Callable[[], T]]) -> list[T]:
+        """``together``, returning each call's result in the calls' order."""
         pending = list(calls)
         if not self.remote or len(pending) < 2:
-            for call in pending:
-                call()
-            return
+            return [call() for call in pending]
         with ThreadPoolExecutor(min(len(pending), _TOGETHER)) as pool:
             futures = [pool.submit(call) for call in pending]
-        for future in futures:
-            future.result()
+        return [future.result() for future in futures]
+
+    def both(self, first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
+        """``gather`` of two calls of different types."""
+        one, other = self.gather([first, second])
+        return one, other  # type: ignore[return-value]
 
     def _call(self, operation: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``call`` (a method of the filesystem, or a function of this class's) within the
