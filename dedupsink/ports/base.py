@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -26,6 +28,8 @@ from dedupsink.store.storage import join
 if TYPE_CHECKING:
     from dedupsink.ports.repair import LogRepair
     from dedupsink.store.store import BucketStore
+
+Call = Callable[[], object]
 
 
 class PortFormat(ABC):
@@ -89,8 +93,16 @@ class PortFormat(ABC):
         state.next_log += 1  # windows published to the port (Parquet's log ids count the same)
         return [Move(f.path, f.path, f.size, f.rows, f.stats) for f in files], None
 
+    def publish(self, publication: Publication, store_id: str, beside: Sequence[Call] = ()) -> None:
+        """Make a committed window readable in every port (adding nothing if it already is),
+        and make the calls ``beside`` at the same time as its last requests: calls that need
+        the window's files where the publication leaves them (its staging discarded, its
+        history record), which on an object store then cost no round trip of their own. A
+        table format's files are in place before it starts: they go beside the whole of it."""
+        self.output.storage.together([partial(self.publish_tables, publication, store_id), *beside])
+
     @abstractmethod
-    def publish(self, publication: Publication, store_id: str) -> None:
+    def publish_tables(self, publication: Publication, store_id: str) -> None:
         """Make a committed window readable in every port; adds nothing if it already is."""
 
     @abstractmethod

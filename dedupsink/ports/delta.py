@@ -179,7 +179,7 @@ class DeltaPorts(PortFormat):
 
     # -- the commit ------------------------------------------------------------------------------
 
-    def publish(self, publication: Publication, store_id: str) -> None:
+    def publish_tables(self, publication: Publication, store_id: str) -> None:
         deltalake = _deltalake()
         for port in PORTS:
             files = publication.files_of(port)

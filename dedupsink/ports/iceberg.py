@@ -270,7 +270,7 @@ class IcebergPorts(PortFormat):
 
     # -- the commit ------------------------------------------------------------------------------
 
-    def publish(self, publication: Publication, store_id: str) -> None:
+    def publish_tables(self, publication: Publication, store_id: str) -> None:
         for port in PORTS:
             files = publication.files_of(port)
             if files:

@@ -9,13 +9,14 @@ never sees a staged file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
-from dedupsink.ports.base import PortFormat, schema_record
+from dedupsink.ports.base import Call, PortFormat, schema_record
 from dedupsink.ports.evolution import PARQUET_WIDENING, arrow_shape, check_evolution
 from dedupsink.ports.output import PortFile
 from dedupsink.ports.sparklog import PortLog, is_compaction
@@ -84,27 +85,28 @@ class ParquetPorts(PortFormat):
         state.next_log += 1
         return moves, entry
 
-    def publish(self, publication: Publication, store_id: str) -> None:
-        """Each file under its final name, then the log entries, the last one last (it marks
-        the publication done: ``is_published``); safe to repeat. On an object store a request
-        costs a round trip: the copies go together, then the entries before the last."""
+    def publish(self, publication: Publication, store_id: str, beside: Sequence[Call] = ()) -> None:
+        """Each file under its final name, then the log entries with the calls ``beside``;
+        safe to repeat. On an object store a request costs a round trip: the copies go
+        together, then every entry together (``is_published`` asks for all of them, so an
+        interrupted round is redone whole)."""
         storage, output = self.output.storage, self.output
         storage.together(
             partial(storage.publish, output.path(m.staged), output.path(m.target), m.size)
             for m in publication.moves
         )
-        if not publication.entries:
-            return
-        *before, last = publication.entries
-        storage.together(
-            partial(PortLog(output, entry.port).write, entry, publication) for entry in before
-        )
-        PortLog(output, last.port).write(last, publication)
+        entries = [
+            partial(PortLog(output, e.port).write, e, publication) for e in publication.entries
+        ]
+        storage.together([*entries, *beside])
+
+    def publish_tables(self, publication: Publication, store_id: str) -> None:
+        self.publish(publication, store_id)
 
     def is_published(self, publication: Publication, store_id: str) -> bool:
-        """Whether the last log entry, written last, is there."""
-        last = publication.entries[-1]
-        return PortLog(self.output, last.port).exists(last.log_id)
+        """Whether every log entry is there (asked together: they are written together)."""
+        logs = [partial(PortLog(self.output, e.port).exists, e.log_id) for e in publication.entries]
+        return all(self.output.storage.gather(logs))
 
     def describe(self, port: str, store_id: str) -> dict[str, Any]:
         return {"log_entries_on_disk": len(PortLog(self.output, port).ids())}

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import pyarrow as pa
 
@@ -34,7 +35,7 @@ from dedupsink.engine.classify import stamp_dtype
 from dedupsink.engine.settings import TIME_BUCKET_MODES
 from dedupsink.errors import DedupError, StoreConflictError, StoreOwnershipError
 from dedupsink.options import ASSUME_SAME_EXPIRY, bool_text
-from dedupsink.ports.base import PortFormat
+from dedupsink.ports.base import Call, PortFormat
 from dedupsink.ports.formats import compactor_for
 from dedupsink.ports.output import Output
 from dedupsink.runtime import RUNTIME
@@ -156,9 +157,13 @@ def commit_window(
             raise
         finish_publication(ports, latest)
         return _discard_rerun(store, output, done, latest, writer, batch_id)
-    publish(ports, committed)
     staged = staged_files(settling, moves) + [f.path for f in schema_files]
-    _after_publication(plan, committed, done, staged, writer)
+    beside = [
+        partial(_discard_staging, output, committed, done[0].folder, staged),
+        partial(record_window, store, committed),
+    ]
+    publish(ports, committed, beside)
+    _after_publication(plan, committed, done, writer)
     report = _report(plan, committed, done, writer, batch_id)
     report.store_waits = sum((s.store_waits for s in done), WAITS.now() - waits)
     log.info(report.line())
@@ -167,17 +172,23 @@ def commit_window(
     return report
 
 
-def _after_publication(
-    plan: SinkPlan, committed: Manifest, done: list[TaskSummary], staged: list[str], writer: Writer
-) -> None:
-    """Steps 6 and 7: the window's staging discarded, its history row, the garbage."""
-    store, output = plan.store, plan.output
+def _discard_staging(output: Output, committed: Manifest, folder: str, staged: list[str]) -> None:
+    """Step 6's first part: the window's staging folder, and what it staged in the tables'
+    folders but did not publish; at a collection, only the latter (the collection sweeps the
+    staging folders, but not the tables' folders)."""
     unpublished = _unpublished(staged, committed)
     if committed.version % GARBAGE_EVERY:
-        output.discard_staging(done[0].folder, unpublished)
-    else:  # the garbage collection sweeps the staging folders, but not the tables' folders
-        output.discard_outside(done[0].folder, unpublished)
-    record_window(store, committed)
+        output.discard_staging(folder, unpublished)
+    else:
+        output.discard_outside(folder, unpublished)
+
+
+def _after_publication(
+    plan: SinkPlan, committed: Manifest, done: list[TaskSummary], writer: Writer
+) -> None:
+    """The rest of steps 6 and 7, once the window is published, its staging discarded and its
+    history row recorded: sequence dedup's folded window files, and the garbage."""
+    store, output = plan.store, plan.output
     if plan.settings.by_sequence:
         store.discard_window_files(_folded_at_once(done, committed))
     _collect_garbage(store, output, committed, writer.run)
@@ -238,10 +249,13 @@ def finish_publication(ports: PortFormat, manifest: Manifest) -> None:
     _published.add(key)
 
 
-def publish(ports: PortFormat, manifest: Manifest) -> None:
-    if manifest.publication is not None:
-        ports.publish(manifest.publication, manifest.store_id)
-        _published.add((ports.output.url, manifest.store_id, manifest.version))
+def publish(ports: PortFormat, manifest: Manifest, beside: Sequence[Call] = ()) -> None:
+    """Publish a version just committed, making the calls ``beside`` with its last requests."""
+    if manifest.publication is None:
+        ports.output.storage.together(beside)
+        return
+    ports.publish(manifest.publication, manifest.store_id, beside)
+    _published.add((ports.output.url, manifest.store_id, manifest.version))
 
 
 def _unpublished(staged: list[str], manifest: Manifest) -> list[str]:
