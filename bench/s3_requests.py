@@ -116,7 +116,11 @@ def per_window(server: S3Server, url: str, listed: set[int]) -> list[dict[str, A
             if low < request.at <= high:
                 kinds[request.kind] += 1
                 if manifest.version in listed:
-                    print(f"window {manifest.version}: {request.kind} {request.op} {request.key}")
+                    since = (request.at - low) * 1000
+                    print(
+                        f"window {manifest.version} +{since:6.1f} ms: "
+                        f"{request.kind} {request.op} {request.key}"
+                    )
         publication = manifest.publication
         copied = sum(m.size or 0 for m in publication.moves) if publication else 0
         out.append({"window": manifest.version, **kinds, "copied": copied})

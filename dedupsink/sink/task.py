@@ -138,16 +138,22 @@ def run_task(
     try:
         classified = _classify(plan, manifest, manager, batches, writers, summary)
         new = _settle(plan, summary, classified, writers, started)
-        summary.files = writers.close()
     except BaseException:
         writers.discard()
         raise
     context = classified.context
-    folds = choose_folds(manager, manifest, context, new, identity.partition)
-    summary.written = write_window_file(store, manifest, context, new, identity.partition, folds)
+
+    def window_file() -> WrittenWindowFile:
+        folds = choose_folds(manager, manifest, context, new, identity.partition)
+        return write_window_file(store, manifest, context, new, identity.partition, folds)
+
+    # The ports' last files and the window file are independent: on an object store they go
+    # side by side, one round trip for both.
+    summary.files, written = plan.output.storage.both(writers.close, window_file)
+    summary.written = written
     if plan.settings.by_sequence:
         # A task cannot tell a new producer: the commit's fold counts them.
-        summary.written.new_keys = 0
+        written.new_keys = 0
     summary.cache = manager.cache.info()
     summary.state = manager.task_use()
     summary.process = f"{socket.gethostname()}:{os.getpid()}"
