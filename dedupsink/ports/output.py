@@ -11,6 +11,7 @@ table commit names. Staged keys (``settle``) always go to the staging folder.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -244,10 +245,11 @@ class PortWriters:
         relative = self.output.new_staging_file(self.folder, old.port, self.partition, self.attempt)
         self._closed[at] = self.output.write_port_file(old.port, relative, rows)
 
-    def close(self) -> list[PortFile]:
-        # On an object store each file is a request: the last files of the ports go together.
+    def close(self, beside: Sequence[Callable[[], object]] = ()) -> list[PortFile]:
+        """Close the ports' last files, making the calls ``beside`` at the same time: on an
+        object store each file is a request, and the last files of the ports go together."""
         handles = [self._finish(port) for port in list(self._open)]
-        self.output.storage.together(handle.close for handle in handles)
+        self.output.storage.together([*(handle.close for handle in handles), *beside])
         return list(self._closed)
 
     def discard(self) -> None:

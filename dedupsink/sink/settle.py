@@ -10,8 +10,9 @@ docs/RELIABILITY.md, "Keys new in several partitions of a window".
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -178,12 +179,20 @@ class SettlingTask:
 # -- staged keys -------------------------------------------------------------------------------
 
 
-def stage_keys(output: Output, folder: str, partition: int, attempt: int, keys: SortedKeys) -> str:
-    """Stage a task's new keys; the name carries the count, so that another task reading the
-    file while it is being written (a local disk) can tell it is not complete yet."""
-    relative = f"{folder}/{staged_stem(partition, attempt)}-n{len(keys)}{KEYS_SUFFIX}"
+def keys_file_name(folder: str, partition: int, attempt: int, count: int) -> str:
+    """A staged keys file's name; it carries the count, so that another task reading the file
+    while it is being written (a local disk) can tell it is not complete yet."""
+    return f"{folder}/{staged_stem(partition, attempt)}-n{count}{KEYS_SUFFIX}"
+
+
+def write_keys(output: Output, relative: str, keys: SortedKeys) -> str:
     output.storage.write(output.path(relative), keys.chunks())
     return relative
+
+
+def stage_keys(output: Output, folder: str, partition: int, attempt: int, keys: SortedKeys) -> str:
+    """Stage a task's new keys under a new name; returns it."""
+    return write_keys(output, keys_file_name(folder, partition, attempt, len(keys)), keys)
 
 
 def read_keys(
@@ -305,6 +314,9 @@ class TaskSettlement:
 
     settlement: Settlement
     yielded: np.ndarray
+    # The write of the task's keys staged again without the yielded ones, left to the caller:
+    # nothing in the task waits for it, so it goes beside the task's last writes.
+    restage: Callable[[], object] | None = None
 
 
 def settle_task(
@@ -322,17 +334,22 @@ def settle_task(
     staged unique files of earlier chunks that hold any)."""
     settlement = Settlement()
     mine = SortedKeys.of(keys)
-    settlement.keys_file = stage_keys(output, folder, partition, attempt, mine)
+    stage = partial(stage_keys, output, folder, partition, attempt, mine)
     held_rows = 0 if held is None else held.num_rows
     yielded = np.zeros(len(keys), dtype=bool)
     stamp_dtype = None if keys.stamps is None else keys.stamps.dtype
     if 0 < partition <= SETTLE_WITH_AT_MOST and len(keys):
         wait = max(SETTLE_WAIT_SECONDS, time.monotonic() - waited_since)
-        lower, settlement.complete = lower_keys(output, folder, partition, stamp_dtype, wait)
+        # Only higher partitions read the task's keys, and it reads only lower ones': staging
+        # them and looking for the lower ones go side by side.
+        look = partial(lower_keys, output, folder, partition, stamp_dtype, wait)
+        staged, (lower, settlement.complete) = output.storage.both(stage, look)
         settlement.saw = frozenset(s.name for s in lower)
         yielded = _yielded_to(output, folder, lower, mine)
     else:
+        staged = stage()
         settlement.complete = partition == 0 or not len(keys)
+    settlement.keys_file = staged
     earlier = len(keys) - held_rows
     if yielded[:earlier].any():
         settlement.superseded += _rewrite_unique(output, writers, yielded[:earlier])
@@ -343,12 +360,15 @@ def settle_task(
         if given.any():
             writers.write("duplicate", held.filter(pa.array(given)))  # last rows of the file
     settlement.yielded = int(yielded.sum())
-    if settlement.yielded:
-        settlement.superseded.append(settlement.keys_file)
-        settlement.keys_file = stage_keys(
-            output, folder, partition, attempt, mine.kept_first(yielded)
-        )
-    return TaskSettlement(settlement, yielded)
+    if not settlement.yielded:
+        return TaskSettlement(settlement, yielded)
+    # Higher partitions may read either file: the superseded one holds the same keys and more.
+    settlement.superseded.append(staged)
+    kept = mine.kept_first(yielded)
+    settlement.keys_file = keys_file_name(folder, partition, attempt, len(kept))
+    return TaskSettlement(
+        settlement, yielded, partial(write_keys, output, settlement.keys_file, kept)
+    )
 
 
 def _check_rows(output: Output, port: str, files: list[PortFile], keys: int, how: str) -> None:

@@ -13,8 +13,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -137,7 +138,7 @@ def run_task(
     writers = PortWriters(plan.output, summary.folder, identity.partition, identity.attempt)
     try:
         classified = _classify(plan, manifest, manager, batches, writers, summary)
-        new = _settle(plan, summary, classified, writers, started)
+        new, later = _settle(plan, summary, classified, writers, started)
     except BaseException:
         writers.discard()
         raise
@@ -147,9 +148,10 @@ def run_task(
         folds = choose_folds(manager, manifest, context, new, identity.partition)
         return write_window_file(store, manifest, context, new, identity.partition, folds)
 
-    # The ports' last files and the window file are independent: on an object store they go
-    # side by side, one round trip for both.
-    summary.files, written = plan.output.storage.both(writers.close, window_file)
+    # The ports' last files, the window file and the keys staged again are independent: on an
+    # object store they go side by side, one round trip for all.
+    closing = partial(writers.close, later)
+    summary.files, written = plan.output.storage.both(closing, window_file)
     summary.written = written
     if plan.settings.by_sequence:
         # A task cannot tell a new producer: the commit's fold counts them.
@@ -233,9 +235,10 @@ def _settle(
     classified: _Classified,
     writers: PortWriters,
     started: float,
-) -> NewKeys:
+) -> tuple[NewKeys, list[Callable[[], object]]]:
     """Settle the task's new keys with the lower partitions (``settle``), write its held unique
-    rows, and count its ports; returns the keys its window file remembers."""
+    rows, and count its ports; returns the keys its window file remembers, and the writes the
+    settlement left to go beside the task's last ones."""
     identity, new, held = summary.identity, classified.new, classified.held
     classified.held = None  # written below: not held past the settlement
     settled = settle_task(
@@ -255,9 +258,10 @@ def _settle(
     counts["unique"] += (0 if held is None else held.num_rows) - yielded
     counts["duplicate"] += yielded
     summary.counts = WindowCounts(**counts)
+    later = [] if settled.restage is None else [settled.restage]
     if classified.producers is not None:
-        return classified.producers
-    return _kept(new, settled.yielded)  # the keeping partition remembers the yielded keys
+        return classified.producers, later
+    return _kept(new, settled.yielded), later  # the keeping partition remembers the yielded keys
 
 
 def _kept(new: NewKeys, yielded: np.ndarray) -> NewKeys:
