@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
@@ -180,13 +181,22 @@ class DeltaPorts(PortFormat):
     # -- the commit ------------------------------------------------------------------------------
 
     def publish_tables(self, publication: Publication, store_id: str) -> None:
+        """One commit per port table, the four side by side: each is a table of its own, and
+        in a steady stream each commit is one request (on an object store, one round trip for
+        all four instead of four one after another)."""
         deltalake = _deltalake()
-        for port in PORTS:
-            files = publication.files_of(port)
-            # A port without rows still takes the window's new columns, in a commit of its own
-            # adding no file, so that every port table declares them from that window on.
-            if files or self._lacks_columns(deltalake, port, publication):
-                self._commit(deltalake, port, files, publication, store_id)
+        self.output.storage.together(
+            partial(self._publish_port, deltalake, port, publication, store_id) for port in PORTS
+        )
+
+    def _publish_port(
+        self, deltalake: Any, port: str, publication: Publication, store_id: str
+    ) -> None:
+        files = publication.files_of(port)
+        # A port without rows still takes the window's new columns, in a commit of its own
+        # adding no file, so that every port table declares them from that window on.
+        if files or self._lacks_columns(deltalake, port, publication):
+            self._commit(deltalake, port, files, publication, store_id)
 
     def is_published(self, publication: Publication, store_id: str) -> bool:
         deltalake = _deltalake()
