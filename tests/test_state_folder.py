@@ -137,6 +137,24 @@ def change_in_place(path: Path, change: Callable[[int], None]) -> None:
     path.chmod(stat.S_IMODE(info.st_mode))
 
 
+# -- a task's own segments ----------------------------------------------------------------------
+
+
+def test_a_task_leaves_its_new_segments_as_the_machines_copies(tmp_path: Path) -> None:
+    """The segments a task writes are the machine's shared copies as soon as its window
+    commits: another process of the machine classifies the next window from them, reading
+    nothing from the store (on an object store, a round trip a window saved)."""
+    state = tmp_path / "state"
+    plan = make_plan(tmp_path / "out", state)
+    summary = run_task(plan, TaskIdentity(QUERY, RUN, 0, 0, 0), iter([ids_batch(range(STORED))]))
+    assert commit_window(plan, [summary], 0) is not None
+    shared = shared_in(plan, state)
+    assert all(whole(Path(shared.path(segment))) for segment in segments(plan))
+    ports, manager = classify(plan, shared)  # a new manager: another process's first task
+    assert ports == EXPECTED
+    assert manager.task_use().fetched == 0
+
+
 # -- the folder is the user's alone -----------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from dedupsink.store.compaction import (
     KeysContext,
     WrittenWindowFile,
     choose_folds,
+    share_written,
     write_window_file,
 )
 from dedupsink.store.format import Manifest
@@ -146,7 +147,9 @@ def run_task(
 
     def window_file() -> WrittenWindowFile:
         folds = choose_folds(manager, manifest, context, new, identity.partition)
-        return write_window_file(store, manifest, context, new, identity.partition, folds)
+        written = write_window_file(store, manifest, context, new, identity.partition, folds)
+        share_written(manager, written, new, plan.settings)
+        return written
 
     # The ports' last files, the window file and the keys staged again are independent: on an
     # object store they go side by side, one round trip for all.

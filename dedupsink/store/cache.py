@@ -490,6 +490,19 @@ class BucketManager:
             opened[i] = keys
         return [keys for keys in opened if keys is not None]
 
+    def share_written(self, segment: Segment, keys: DecodedSegment) -> None:
+        """Make the shared copy of a segment this process has just written, from its keys with
+        their final stamps: the machine's other processes then map it in the next window
+        instead of reading it from the store (a round trip on an object store), and this one
+        instead of decoding it. A copy of a window that never commits is never opened (its
+        name is its window file's) and is swept as any copy of an unlisted file."""
+        if self.shared is None or not _shared(segment):
+            return
+        stamps = keys.stamps
+        if stamps is not None and self.stamp_dtype is not None:
+            stamps = stamps.astype(self.stamp_dtype, copy=False)
+        self.shared.publish(segment, KeySet.build(keys.h1, keys.h2, stamps))
+
     def read_segments(self, segments: list[Segment]) -> DecodedSegment:
         """The keys of these committed segments with their final stamps, in stored order, read
         from the store (the cache is not used)."""

@@ -402,6 +402,25 @@ def fold_producers(
     return result
 
 
+def share_written(
+    manager: BucketManager, written: WrittenWindowFile, new: NewKeys, settings: Settings
+) -> None:
+    """Give the machine's shared copies the segments of the task's window file that hold its
+    new keys alone, where their stamps are final already (not categorical or systemTime, whose
+    stamps the commit resolves; not sequence dedup, whose commit supersedes them at once)."""
+    if written.window_file is None or settings.provisional_stamps or settings.by_sequence:
+        return
+    order = np.argsort(new.buckets, kind="stable")
+    buckets = new.buckets[order]
+    for bucket, segment in written.segments.items():
+        if bucket in written.supersedes:
+            continue  # a fold: the bucket's older keys are in it too
+        low, high = np.searchsorted(buckets, [bucket, bucket + 1])
+        rows = order[low:high]
+        stamps = None if new.stamps is None else new.stamps[rows]
+        manager.share_written(segment, DecodedSegment(new.h1[rows], new.h2[rows], stamps))
+
+
 def _with_decoded_folds(new: NewKeys, folds: list[tuple[int, DecodedSegment]]) -> NewKeys:
     """The new keys followed by the keys of folds made of decoded keys (bucket, keys)."""
     if not folds:
