@@ -94,6 +94,20 @@ def run_stream(
     query.awaitTermination()
 
 
+def print_timeline(server: S3Server, direct: Remote, version: int) -> None:
+    """Every request of window ``version`` (after the previous commit point, to its own), with
+    its time into the window: the round trips one after another show as steps."""
+    store = BucketStore(f"{direct.url}/_store", direct.storage_options)
+    previous, manifest = store.read(version - 1), store.read(version)
+    if previous is None or manifest is None:
+        return
+    low, high = previous.committed_ms / 1000, manifest.committed_ms / 1000
+    for request in server.requests():
+        if low < request.at <= high:
+            at = (request.at - low) * 1000
+            print(f"  window {version} +{at:7.1f} ms {request.kind:>6} {request.key}")
+
+
 def steady_figures(server: S3Server, direct: Remote, warmup: int) -> Run:
     history = load_history(direct.url, direct.storage_options).to_pylist()[warmup:]
     times = [row["committed_at"].timestamp() for row in history]
@@ -137,6 +151,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--list", type=int, help="print every request of window N, timed")
     args = parser.parse_args()
     latencies = [int(x) for x in args.latencies.split(",")]
     formats = args.formats.split(",")
@@ -166,6 +181,8 @@ def main() -> None:
                 proxy.clear()
                 if repeat is None:
                     continue  # Spark's workers warm
+                if args.list is not None:
+                    print_timeline(server, direct, args.list)
                 run = steady_figures(server, direct, args.warmup)
                 runs.setdefault((fmt, latency), []).append(run)
                 print(

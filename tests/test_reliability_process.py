@@ -396,14 +396,14 @@ def test_owner_killed_mid_commit_a_new_query_takes_over_when_its_lease_lapses(
 # -- Spark: a kill at every kind of commit step (slow) ----------------------------------------
 
 # (name, batch, operation, part of the path): one kill per window at a kind of commit step; the
-# commit of batch 15 makes version 16, which collects garbage.
+# commit of batch 15 makes version 16, which collects garbage. Each kind once, at one port: the
+# direct engine's test above kills every step of every port, and each kill here costs a Spark
+# restart (a second move and a second log link took 40 s and proved nothing more).
 SPARK_COMMIT_POINTS = (
     ("manifest-write", 2, "open(wb)", "/_store/_log/."),
     ("manifest-link", 3, "link", ".manifest"),
     ("move-unique", 4, "mv", "/unique/part-"),
-    ("move-error", 5, "mv", "/error/part-"),
     ("log-write-unique", 6, "open(wb)", "unique/_spark_metadata/."),
-    ("log-link-duplicate", 7, "link", "duplicate/_spark_metadata/"),
     ("log-link-error", 8, "link", "error/_spark_metadata/"),
     ("log-aside-removal", 9, "rm_file", "expired/_spark_metadata/."),
     ("staging-removal", 10, "rm", "/_staging/"),
