@@ -24,7 +24,7 @@ from dedupsink.units import micros_since_epoch
 
 __all__ = [
     "DOCUMENTS",
-    "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
     "document",
     "dumps",
     "history_line",
@@ -35,16 +35,18 @@ __all__ = [
     "window_record",
 ]
 
-# The version of every document's shape: a field added keeps it, a field renamed, removed or
-# given another type raises it (and the ``format`` string each document starts with).
-FORMAT_VERSION = 1
+# The version of each document's shape: a field added keeps it, a field renamed, removed or
+# given another type raises it (and the ``format`` string the document starts with, and the
+# ``const`` of its schema). Each document moves on its own: a reader of one is not made to
+# re-check another that did not change.
+FORMAT_VERSIONS = {"inspect": 1, "history": 1, "lookup": 2}
 DOCUMENTS = ("inspect", "history", "lookup", "defs")
 _STATE_FIELDS = ("loaded", "loaded_max", "fetched", "private", "mapped")
 
 
 def document(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """A document of ``kind`` (``inspect``, ``history``, ``lookup``): its format, then its body."""
-    return {"format": f"dedupsink.{kind}/{FORMAT_VERSION}", **body}
+    return {"format": f"dedupsink.{kind}/{FORMAT_VERSIONS[kind]}", **body}
 
 
 def dumps(value: Any, indent: int | None = None) -> str:
