@@ -28,7 +28,7 @@ from dedupsink.units import utc_text
 
 # The version of each document a reader relies on: raised with a field renamed, removed or
 # given another type (docs/JSON.md); pinned here so that a change of shape must say so.
-VERSIONS = {"inspect": 1, "history": 1, "lookup": 2}
+VERSIONS = {"inspect": 2, "history": 1, "lookup": 2}
 
 
 def _registry() -> Registry[Any]:
@@ -76,6 +76,17 @@ def times_in(value: Any, name: str = "") -> Iterator[tuple[str, Any]]:
             yield from times_in(inner, name)
     elif name.endswith("_at") or name == "heartbeat":
         yield name, value
+
+
+def names_in(value: Any) -> Iterator[str]:
+    """Every field name of a document, at any depth."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield key
+            yield from names_in(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            yield from names_in(inner)
 
 
 # -- the stores --------------------------------------------------------------------------------
@@ -255,6 +266,56 @@ def test_a_key_awaiting_fold_gives_the_stamp_its_reason_names(
     assert f"its stamp {utc_text(shown['stamp']['value'])} is at or below" in text
 
 
+def test_inspect_lists_keys_and_columns_in_their_order(
+    demo: Path, typed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = documents("inspect", demo, capsys)[0]["settings"]
+    assert settings["keys"] == [{"name": "serial", "type": "int64"}]
+    shown = documents("inspect", typed, capsys)[0]
+    check("inspect", [shown])
+    assert "key_types" not in shown["settings"]
+    assert shown["settings"]["keys"] == [
+        {"name": "name", "type": "string"},
+        {"name": "id", "type": "int64"},
+        {"name": "score", "type": "double"},
+        {"name": "ok", "type": "bool"},
+        {"name": "day", "type": "date32[day]"},
+        {"name": "ts", "type": "timestamp[us]"},
+    ]
+    assert shown["schema"] == {
+        "version": 0,
+        "columns": [{"name": field.name, "type": str(field.type)} for field in TYPED],
+    }
+
+
+def test_every_period_is_named_by_its_unit(
+    demo: Path,
+    categorical: Path,
+    sequence: Path,
+    typed: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def periods(path: Path) -> list[Any]:
+        settings = documents("inspect", path, capsys)[0]["settings"]
+        names = ("period_seconds", "period_key_units", "span_seconds", "span_key_units")
+        return [settings[name] for name in names]
+
+    assert periods(demo) == [86400, None, 3600, None]  # 24 hours, buckets of 1 hour
+    assert periods(typed)[:2] == [5400, None]  # 90 minutes
+    assert periods(categorical) == [None, 1, None, None]  # one category back
+    assert periods(sequence) == [None, None, None, None]  # nothing expires
+    found = [
+        *(documents("inspect", path, capsys)[0] for path in (demo, categorical, sequence, typed)),
+        *documents("history", demo, capsys),
+        *documents("lookup", demo, capsys, "serial=290"),
+    ]
+    names = {name for document in found for name in names_in(document)}
+    assert {"period", "span", "key_types"}.isdisjoint(names)
+    for name in names:
+        if "period" in name or "span" in name or name.endswith(("_seconds", "_us")):
+            assert name.endswith(("_seconds", "_key_units")) or "_seconds_" in name, name
+
+
 def test_error_reasons_and_categories_are_written_alike_everywhere(
     categorical: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -297,6 +358,7 @@ def test_the_schemas_refuse_a_field_they_do_not_name(
     inspected = documents("inspect", demo, capsys)[0]
     line = documents("history", demo, capsys)[0]
     found = documents("lookup", demo, capsys, "serial=290")[0]
+    settings = inspected["settings"]
     drifted = [
         ("inspect", {**inspected, "latest": inspected["latest_point"]}),
         ("inspect", {**inspected, "last_window": {**inspected["last_window"], "query": "q"}}),
@@ -304,9 +366,13 @@ def test_the_schemas_refuse_a_field_they_do_not_name(
         ("history", {**line, "error_reasons": [["null key column 'serial'", 1]]}),
         ("lookup", {**found, "stamp": 1420012320000000.0}),
         ("lookup", {**found, "committed_at": "2026-11-29 00:43:18 UTC"}),
-        ("inspect", {**inspected, "format": "dedupsink.inspect/2"}),
+        ("inspect", {**inspected, "format": "dedupsink.inspect/1"}),
         ("lookup", {**found, "format": "dedupsink.lookup/1"}),
-        # the shape the second version replaced
+        # the shapes the second versions replaced
+        ("inspect", {**inspected, "settings": {**settings, "key_types": ["int64"]}}),
+        ("inspect", {**inspected, "settings": {**settings, "period": 86400000000}}),
+        ("inspect", {**inspected, "settings": {**settings, "keys": ["serial"]}}),
+        ("inspect", {**inspected, "schema": {"version": 0, "columns": {"serial": "int64"}}}),
         ("lookup", {**found, "key": {"serial": ["290"]}}),
     ]
     for kind, document in drifted:
