@@ -9,8 +9,8 @@ DEPS_STAMP := $(VENV)/.dependencies
 STAMP := $(VENV)/.installed
 # The package is installed as built (not editable): Spark's Python workers find the data source
 # by listing the modules on their path, which an editable install's import hook hides. A change
-# to a source file reinstalls it, in a few seconds.
-SOURCES := pyspark_dedup.py $(shell find dedupsink -name '*.py' -not -path '*/__pycache__/*')
+# to a source file (or to the package data: the JSON Schemas) reinstalls it, in a few seconds.
+SOURCES := pyspark_dedup.py $(shell find dedupsink \( -name '*.py' -o -name '*.json' \) -not -path '*/__pycache__/*')
 AZURITE_STAMP := $(VENV)/azurite/.installed
 CHROMIUM_STAMP := $(VENV)/.chromium
 POSTGRES_STAMP := $(VENV)/.postgresql

@@ -72,7 +72,8 @@ def lookup(
     the column's type). The answer is a frozen ``LookupResult`` (``to_dict()`` gives what
     ``--json`` prints): ``remembered``; when remembered,
     ``window`` (the version that stored it), ``query_id``, ``batch_id``, ``committed_at``,
-    ``stamp`` and ``forgotten_when``; else ``reason``. ``expiry``: the key's expiry value, which
+    ``stamp`` and ``forgotten_when``; else ``reason`` (and ``stamp`` for a key expired and
+    awaiting fold). ``expiry``: the key's expiry value, which
     narrows the search to one time bucket (tupleTime, ordered)."""
     from dedupsink.inspection import locate
     from dedupsink.inspection import lookup as lookup_key

@@ -30,6 +30,7 @@ COMMANDS: dict[str, list[str]] = {
     "lookup-remembered.txt": ["lookup", "serial=290"],
     "lookup-remembered.json": ["lookup", "--json", "serial=290"],
     "lookup-forgotten.txt": ["lookup", "serial=2"],
+    "lookup-forgotten.json": ["lookup", "--json", "serial=2"],
     "lookup-expiry.txt": ["lookup", "serial=290", "--expiry", "2014-12-31T07:52:00"],
     "lookup-unknown.txt": ["lookup", "serial=999999"],
     "lookup-unknown.json": ["lookup", "--json", "serial=999999"],

@@ -8,6 +8,7 @@ Fast: the stores are written by ``LocalSink`` (no Spark); the demo's store is th
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,11 @@ from referencing import Registry, Resource
 from dedupsink.cli.main import main
 from dedupsink.inspection import jsonout
 from dedupsink.sink.local import LocalSink
+from dedupsink.units import utc_text
+
+# The version of each document a reader relies on: raised with a field renamed, removed or
+# given another type (docs/JSON.md); pinned here so that a change of shape must say so.
+VERSIONS = {"inspect": 2, "history": 1, "lookup": 2}
 
 
 def _registry() -> Registry[Any]:
@@ -56,7 +62,7 @@ def documents(kind: str, path: Path, capsys: pytest.CaptureFixture[str], *more: 
 def check(kind: str, found: list[Any]) -> None:
     for document in found:
         validator(kind).validate(document)
-        assert document["format"] == f"dedupsink.{kind}/1"
+        assert document["format"] == f"dedupsink.{kind}/{VERSIONS[kind]}"
         assert next(iter(document)) == "format"  # first, for a reader that peeks
 
 
@@ -70,6 +76,17 @@ def times_in(value: Any, name: str = "") -> Iterator[tuple[str, Any]]:
             yield from times_in(inner, name)
     elif name.endswith("_at") or name == "heartbeat":
         yield name, value
+
+
+def names_in(value: Any) -> Iterator[str]:
+    """Every field name of a document, at any depth."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield key
+            yield from names_in(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            yield from names_in(inner)
 
 
 # -- the stores --------------------------------------------------------------------------------
@@ -101,6 +118,41 @@ def sequence(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sequence") / "out"
     sink = LocalSink({"path": str(out), "keys": "host", "sequenceKey": "seq"}, PRODUCER)
     sink.window(0, pa.table({"host": ["a", "b", "a"], "seq": [1, 1, 2]}, PRODUCER), partitions=2)
+    return out
+
+
+# Key columns of every type lookup parses, named out of alphabetical order; the expiry key a
+# naive timestamp, which the store counts as UTC.
+TYPED = pa.schema(
+    [
+        ("name", pa.string()),
+        ("id", pa.int64()),
+        ("score", pa.float64()),
+        ("ok", pa.bool_()),
+        ("day", pa.date32()),
+        ("ts", pa.timestamp("us")),
+        ("body", pa.string()),
+    ]
+)
+TYPED_KEY = {"name": "b", "id": 2, "score": 2.5, "ok": True, "day": "2024-01-01"}
+T0 = dt.datetime(2024, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def typed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("typed") / "out"
+    keys = "name,id,score,ok,day,ts"
+    options = {"path": str(out), "keys": keys, "expiryKey": "ts", "expiryPeriod": "90 minutes"}
+    rows = {
+        "name": ["a", "b"],
+        "id": [1, 2],
+        "score": [1.0, 2.5],
+        "ok": [False, True],
+        "day": [T0.date()] * 2,
+        "ts": [T0, T0 + dt.timedelta(minutes=30)],
+        "body": ["x", "y"],
+    }
+    LocalSink(options, TYPED).window(0, pa.table(rows, schema=TYPED), partitions=2)
     return out
 
 
@@ -188,6 +240,82 @@ def test_the_lookups_points_are_objects_with_iso_times(
     assert unknown["stamp"] is None and unknown["forgotten_at_latest"] is None
 
 
+def test_the_lookups_key_is_typed_by_its_columns_recorded_type(
+    demo: Path, typed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert documents("lookup", demo, capsys, "serial=290")[0]["key"] == {"serial": 290}
+    given = [f"{name}={value}" for name, value in TYPED_KEY.items()]
+    found = documents("lookup", typed, capsys, *given, "ts=2024-01-01T00:30:00")[0]
+    check("lookup", [found])
+    assert found["remembered"]
+    # in the store's order of keys; a naive time as the store counts it, UTC
+    assert found["key"] == {**TYPED_KEY, "ts": "2024-01-01T00:30:00Z"}
+    # 2 == 2.0 == True in Python: the types themselves, as JSON wrote them
+    assert [type(value) for value in found["key"].values()] == [str, int, float, bool, str, str]
+
+
+def test_a_key_awaiting_fold_gives_the_stamp_its_reason_names(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shown = documents("lookup", demo, capsys, "serial=2")[0]
+    check("lookup", [shown])
+    assert not shown["remembered"] and shown["reason"].startswith("expired, awaiting fold")
+    assert shown["stamp"] == {"value": 1419898260000000, "text": "2014-12-30T00:11:00Z"}
+    assert shown["stamp"]["value"] <= shown["expiry_point"]["value"]
+    text = printed(["lookup", str(demo), "serial=2"], capsys)
+    assert f"its stamp {utc_text(shown['stamp']['value'])} is at or below" in text
+
+
+def test_inspect_lists_keys_and_columns_in_their_order(
+    demo: Path, typed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = documents("inspect", demo, capsys)[0]["settings"]
+    assert settings["keys"] == [{"name": "serial", "type": "int64"}]
+    shown = documents("inspect", typed, capsys)[0]
+    check("inspect", [shown])
+    assert "key_types" not in shown["settings"]
+    assert shown["settings"]["keys"] == [
+        {"name": "name", "type": "string"},
+        {"name": "id", "type": "int64"},
+        {"name": "score", "type": "double"},
+        {"name": "ok", "type": "bool"},
+        {"name": "day", "type": "date32[day]"},
+        {"name": "ts", "type": "timestamp[us]"},
+    ]
+    assert shown["schema"] == {
+        "version": 0,
+        "columns": [{"name": field.name, "type": str(field.type)} for field in TYPED],
+    }
+
+
+def test_every_period_is_named_by_its_unit(
+    demo: Path,
+    categorical: Path,
+    sequence: Path,
+    typed: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def periods(path: Path) -> list[Any]:
+        settings = documents("inspect", path, capsys)[0]["settings"]
+        names = ("period_seconds", "period_key_units", "span_seconds", "span_key_units")
+        return [settings[name] for name in names]
+
+    assert periods(demo) == [86400, None, 3600, None]  # 24 hours, buckets of 1 hour
+    assert periods(typed)[:2] == [5400, None]  # 90 minutes
+    assert periods(categorical) == [None, 1, None, None]  # one category back
+    assert periods(sequence) == [None, None, None, None]  # nothing expires
+    found = [
+        *(documents("inspect", path, capsys)[0] for path in (demo, categorical, sequence, typed)),
+        *documents("history", demo, capsys),
+        *documents("lookup", demo, capsys, "serial=290"),
+    ]
+    names = {name for document in found for name in names_in(document)}
+    assert {"period", "span", "key_types"}.isdisjoint(names)
+    for name in names:
+        if "period" in name or "span" in name or name.endswith(("_seconds", "_us")):
+            assert name.endswith(("_seconds", "_key_units")) or "_seconds_" in name, name
+
+
 def test_error_reasons_and_categories_are_written_alike_everywhere(
     categorical: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -230,6 +358,7 @@ def test_the_schemas_refuse_a_field_they_do_not_name(
     inspected = documents("inspect", demo, capsys)[0]
     line = documents("history", demo, capsys)[0]
     found = documents("lookup", demo, capsys, "serial=290")[0]
+    settings = inspected["settings"]
     drifted = [
         ("inspect", {**inspected, "latest": inspected["latest_point"]}),
         ("inspect", {**inspected, "last_window": {**inspected["last_window"], "query": "q"}}),
@@ -237,11 +366,25 @@ def test_the_schemas_refuse_a_field_they_do_not_name(
         ("history", {**line, "error_reasons": [["null key column 'serial'", 1]]}),
         ("lookup", {**found, "stamp": 1420012320000000.0}),
         ("lookup", {**found, "committed_at": "2026-11-29 00:43:18 UTC"}),
-        ("inspect", {**inspected, "format": "dedupsink.inspect/2"}),
+        ("inspect", {**inspected, "format": "dedupsink.inspect/1"}),
+        ("lookup", {**found, "format": "dedupsink.lookup/1"}),
+        # the shapes the second versions replaced
+        ("inspect", {**inspected, "settings": {**settings, "key_types": ["int64"]}}),
+        ("inspect", {**inspected, "settings": {**settings, "period": 86400000000}}),
+        ("inspect", {**inspected, "settings": {**settings, "keys": ["serial"]}}),
+        ("inspect", {**inspected, "schema": {"version": 0, "columns": {"serial": "int64"}}}),
+        ("lookup", {**found, "key": {"serial": ["290"]}}),
     ]
     for kind, document in drifted:
         with pytest.raises(ValidationError):
             validator(kind).validate(document)
+
+
+def test_each_schema_names_its_documents_version() -> None:
+    assert jsonout.FORMAT_VERSIONS == VERSIONS
+    for kind, version in VERSIONS.items():
+        const = jsonout.schema(kind)["properties"]["format"]["const"]
+        assert const == f"dedupsink.{kind}/{version}"
 
 
 def test_the_installed_package_ships_the_schemas() -> None:

@@ -4,7 +4,9 @@ command, a ``format`` naming the document and its version first in each, and a J
 each document shipped beside this module (``schemas/``).
 
 The shared shapes: a point (latest, expiry, a key's stamp) is ``{"value", "text"}`` or null
-(``PointDomain.to_json``); error reasons are ``[{"reason", "rows"}]``; the state a window's
+(``PointDomain.to_json``); a column (a key, a column of the input) is ``{"name", "type"}``
+in a list in the columns' order (``column``); a duration is a number of seconds in a field
+named ``*_seconds``; error reasons are ``[{"reason", "rows"}]``; the state a window's
 tasks used is ``{"loaded_bytes", ...}`` or null; a window is the history's columns of it
 (``window_record``; a history line adds what the store held after it). ``docs/JSON.md`` says
 what each field means and how the format's version changes.
@@ -24,7 +26,8 @@ from dedupsink.units import micros_since_epoch
 
 __all__ = [
     "DOCUMENTS",
-    "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "column",
     "document",
     "dumps",
     "history_line",
@@ -35,16 +38,26 @@ __all__ = [
     "window_record",
 ]
 
-# The version of every document's shape: a field added keeps it, a field renamed, removed or
-# given another type raises it (and the ``format`` string each document starts with).
-FORMAT_VERSION = 1
+# The version of each document's shape: a field added keeps it, a field renamed, removed or
+# given another type raises it (and the ``format`` string the document starts with, and the
+# ``const`` of its schema). Each document moves on its own: a reader of one is not made to
+# re-check another that did not change.
+FORMAT_VERSIONS = {"inspect": 2, "history": 1, "lookup": 2}
 DOCUMENTS = ("inspect", "history", "lookup", "defs")
 _STATE_FIELDS = ("loaded", "loaded_max", "fetched", "private", "mapped")
 
 
 def document(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """A document of ``kind`` (``inspect``, ``history``, ``lookup``): its format, then its body."""
-    return {"format": f"dedupsink.{kind}/{FORMAT_VERSION}", **body}
+    return {"format": f"dedupsink.{kind}/{FORMAT_VERSIONS[kind]}", **body}
+
+
+def column(name: str, arrow_type: str) -> dict[str, str]:
+    """A column as every list of columns writes it (a store's keys, its input's schema):
+    ``{"name", "type"}``, its Arrow type. Lists of these keep the columns' order, which an
+    object keyed by name would not promise. No ``nullable``: the store records every column
+    nullable (``ports.base.schema_record``), so it would say nothing."""
+    return {"name": name, "type": arrow_type}
 
 
 def dumps(value: Any, indent: int | None = None) -> str:

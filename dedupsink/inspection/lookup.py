@@ -38,6 +38,9 @@ from dedupsink.store.history import read_history
 __all__ = ["LookupResult", "lookup"]
 
 _TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:, tz=(.+))?\]")
+# A key column's value as the JSON writes it: typed by the column's recorded type (integers,
+# floats, booleans, strings), times and dates as ISO-8601 text.
+KeyValue = int | float | bool | str
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class LookupResult:
 
     store: str
     version: int | None  # the store's latest version, the one asked
-    key: dict[str, str]
+    key: dict[str, KeyValue]  # column -> value, typed (``KeyValue``)
     remembered: bool
     fingerprint: str  # the key's 128-bit fingerprint, h1 then h2, in hex
     bucket: int | None  # None: every bucket was searched (time buckets, expiry value unknown)
@@ -59,6 +62,7 @@ class LookupResult:
     query_id: str | None = None
     batch_id: int | None = None
     committed_at: str | None = None  # ISO-8601 UTC
+    # The key's stamp: of the copy that remembers it, or of a copy expired and awaiting fold.
     stamp: float | None = None
     stamp_text: str | None = None
     latest_point: float | None = None
@@ -131,7 +135,7 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
     base: dict[str, Any] = {
         "store": store.url,
         "version": manifest.version,
-        "key": {name: _value_text(column(row, name)) for name in settings.keys},
+        "key": {name: _key_value(column(row, name)) for name in settings.keys},
         "fingerprint": f"{h1:016x}{h2:016x}",
         "bucket": bucket,
         "mode": settings.mode,
@@ -147,14 +151,16 @@ def lookup(location: Location, values: Mapping[str, Any], expiry: Any = None) ->
         if stamp is None or expiry_point is None or is_alive(stamp, expiry_point)
     ]
     if not alive:
+        awaiting = _highest_stamp(found)  # the key expired, awaiting fold: its stamp
         return LookupResult(
             remembered=False,
-            reason=_why_not(settings, found, known_stamp, expiry_point, text),
+            stamp=awaiting,
+            stamp_text=text(awaiting),
+            reason=_why_not(settings, awaiting, known_stamp, expiry_point, text),
             **_verdict(sequence_id, None),
             **base,
         )
-    kept = [stamp for _, stamp in alive if stamp is not None]
-    stamp = max(kept) if kept else None
+    stamp = _highest_stamp(alive)
     base.update(_verdict(sequence_id, None if stamp is None else int(stamp)))
     window = min(manifest.files[file].version for file, _ in alive)
     result: dict[str, Any] = {"window": window, "stamp": stamp, "stamp_text": text(stamp)}
@@ -373,17 +379,24 @@ def _find(
     ]
 
 
+def _highest_stamp(entries: list[tuple[str, float | None]]) -> float | None:
+    """The latest stamp among the key's stored copies; None: none (no copy, or no stamps)."""
+    stamps = [stamp for _, stamp in entries if stamp is not None]
+    return max(stamps) if stamps else None
+
+
 def _why_not(
     settings: Settings,
-    found: list[tuple[str, float | None]],
+    awaiting: float | None,
     known_stamp: float | None,
     expiry_point: float | None,
     text: Any,
 ) -> str:
-    if found:
-        top = max(stamp for _, stamp in found if stamp is not None)
+    """Why the key is not remembered; ``awaiting``: the stamp of its copy expired and awaiting
+    fold (None: no copy is stored)."""
+    if awaiting is not None:
         return (
-            f"expired, awaiting fold: its stamp {text(top)} is at or below the expiry point "
+            f"expired, awaiting fold: its stamp {text(awaiting)} is at or below the expiry point "
             f"{text(expiry_point)}, so a re-send is no duplicate; the key waits in its window "
             "file until a fold or the file's expiry removes it"
         )
@@ -423,10 +436,16 @@ def _history_of(location: Location, manifest: Manifest, window: int) -> dict[str
     }
 
 
-def _value_text(array: pa.Array) -> str:
+def _key_value(array: pa.Array) -> KeyValue:
+    """A key column's parsed value, typed as its column (``_arrow_type`` admits only those):
+    a time as every time in the JSON, ISO-8601 UTC (a naive one as the store counts it, UTC);
+    a date ``YYYY-MM-DD``."""
     value = array[0].as_py()
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return moment_text(value)  # as every time in the JSON: ISO-8601 UTC
     if isinstance(value, dt.datetime):
+        aware = value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+        return moment_text(aware)
+    if isinstance(value, dt.date):
         return value.isoformat()
-    return str(value)
+    if isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"no JSON value for a key of {array.type}")  # _arrow_type refused it

@@ -10,9 +10,9 @@ from typing import Any
 
 from dedupsink.store.history import point_text as history_point_text
 from dedupsink.store.records import StoreSettings
-from dedupsink.units import MICROS_PER_DAY, number_text
+from dedupsink.units import MICROS_PER_DAY, MICROS_PER_UNIT, number_text
 
-__all__ = ["PointDomain", "iso_micros", "point_text"]
+__all__ = ["PointDomain", "iso_micros", "json_number", "point_text"]
 
 _TIME_MODES = ("systemTime", "tupleTime")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -47,6 +47,11 @@ def iso_micros(micros: float) -> str | None:
     return moment.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
 
 
+def json_number(value: float) -> int | float:
+    """A number as the JSON writes it: whole numbers as integers (``86400``, not ``86400.0``)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
 @dataclass(frozen=True)
 class PointDomain:
     """The domain a store's points and stamps live in: its mode, the expiry key's Arrow type
@@ -60,6 +65,18 @@ class PointDomain:
     def of(cls, settings: StoreSettings, categories: Sequence[str]) -> PointDomain:
         return cls(settings.mode, str(settings.expiry_type or ""), tuple(categories))
 
+    @property
+    def is_time(self) -> bool:
+        """Whether the points are times: microseconds since the epoch."""
+        return self.mode in _TIME_MODES
+
+    def seconds(self, span: float | None) -> int | float | None:
+        """A period or span of the expiry key in seconds, where its values are times (counted
+        in microseconds); None in the other modes, whose periods are no durations."""
+        if span is None or not self.is_time:
+            return None
+        return json_number(span / MICROS_PER_UNIT["second"])
+
     def text(self, value: float | None) -> str | None:
         """As a person reads it (``2014-12-31 07:55:00 UTC``, a category's name); None: none."""
         settings = {"mode": self.mode, "expiry_type": self.expiry_type}
@@ -68,7 +85,7 @@ class PointDomain:
     def json_text(self, value: float) -> str | None:
         """As the JSON outputs write it: a time ISO-8601 UTC, a date ``YYYY-MM-DD``, a category
         its name (None: no category), a number its shortest text."""
-        if self.mode in _TIME_MODES:
+        if self.is_time:
             is_date = self.expiry_type.startswith("date") and value % MICROS_PER_DAY == 0
             iso = iso_micros(value)
             return iso[:10] if is_date and iso is not None else iso
@@ -82,5 +99,4 @@ class PointDomain:
         none (Basic Dedup, an empty store)."""
         if value is None:
             return None
-        number = int(value) if float(value).is_integer() else float(value)
-        return {"value": number, "text": self.json_text(value)}
+        return {"value": json_number(value), "text": self.json_text(value)}

@@ -12,17 +12,16 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.fingerprint import Fingerprints
 from dedupsink.engine.sequence import highest_per_producer
 from dedupsink.engine.settings import TIME_BUCKET_MODES
-from dedupsink.inspection.jsonout import document, moment_text, window_record
+from dedupsink.inspection.jsonout import column, document, moment_text, window_record
 from dedupsink.inspection.location import Location
-from dedupsink.inspection.points import PointDomain, point_text
+from dedupsink.inspection.points import PointDomain, json_number, point_text
 from dedupsink.inspection.verdict import Holder, Verdict, judge
-from dedupsink.ports.base import CatalogInfo, PortFormat
+from dedupsink.ports.base import CatalogInfo, PortFormat, recorded_schema
 from dedupsink.store.cache import BucketCache, BucketManager
 from dedupsink.store.format import Manifest
 from dedupsink.store.history import read_history
@@ -197,22 +196,22 @@ class SchemaState:
     (0 for the first schema the store recorded, one more with each change of the columns)."""
 
     version: int
-    columns: tuple[tuple[str, str], ...]  # (name, Arrow type)
+    columns: tuple[tuple[str, str], ...]  # (name, Arrow type), in the input's order
 
     def text(self) -> str:
         return f"version {self.version}: " + ", ".join(f"{n} {t}" for n, t in self.columns)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "columns": dict(self.columns)}
+        columns = [column(name, kind) for name, kind in self.columns]
+        return {"version": self.version, "columns": columns}
 
 
 def _schema_state(manifest: Manifest) -> SchemaState | None:
-    publication = manifest.publication
-    if publication is None or publication.schema is None:
+    schema = recorded_schema(manifest.publication)
+    if manifest.publication is None or schema is None:
         return None
-    schema = pa.ipc.read_schema(pa.py_buffer(publication.schema))
     columns = tuple((field.name, str(field.type)) for field in schema)
-    return SchemaState(publication.schema_version, columns)
+    return SchemaState(manifest.publication.schema_version, columns)
 
 
 @dataclass(frozen=True)
@@ -242,12 +241,29 @@ class StoreState:
 
     def settings_dict(self) -> dict[str, Any]:
         """The settings as recorded, every one named (the placement too where the manifest
-        leaves it out), but ``assume_same_expiry`` None in the modes it does not apply to."""
-        shown = {f.name: getattr(self.settings, f.name) for f in fields(self.settings)}
-        shown["keys"], shown["key_types"] = list(self.settings.keys), list(self.settings.key_types)
-        if self.settings.mode not in TIME_BUCKET_MODES:
+        leaves it out), but the keys as one list of columns, the period and span by their
+        unit (``_periods``), and ``assume_same_expiry`` None in the modes it does not apply to."""
+        recorded = self.settings
+        shown: dict[str, Any] = {}
+        for name in (f.name for f in fields(recorded)):
+            if name == "keys":
+                pairs = zip(recorded.keys, recorded.key_types, strict=True)
+                shown["keys"] = [column(key, kind) for key, kind in pairs]
+            elif name in ("period", "span"):
+                shown.update(self._periods(name, getattr(recorded, name)))
+            elif name != "key_types":  # in ``keys``
+                shown[name] = getattr(recorded, name)
+        if recorded.mode not in TIME_BUCKET_MODES:
             shown["assume_same_expiry"] = None
         return shown
+
+    def _periods(self, name: str, value: float | None) -> dict[str, Any]:
+        """The period or span under a name that says its unit: ``<name>_seconds`` where the
+        expiry key is a time, ``<name>_key_units`` (the key's own numbers, or a count of
+        categories) where it is not; the other null, both in Basic and sequence dedup."""
+        seconds = self.domain.seconds(value)
+        in_key_units = None if value is None or seconds is not None else json_number(value)
+        return {f"{name}_seconds": seconds, f"{name}_key_units": in_key_units}
 
     @property
     def domain(self) -> PointDomain:
@@ -343,9 +359,7 @@ def holder_of(manifest: Manifest) -> Holder:
 def period_seconds(manifest: Manifest) -> float | None:
     """The expiry period in seconds where the points are times (µs), else None."""
     settings = manifest.settings
-    if settings.mode not in ("tupleTime", "systemTime") or settings.period is None:
-        return None
-    return settings.period / 1e6
+    return PointDomain.of(settings, manifest.categories).seconds(settings.period)
 
 
 def _store_state(store: BucketStore, manifest: Manifest, ports: PortFormat | None) -> StoreState:
