@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{VERSIONS.relative_to(ROOT)} lists {[r.version for r in releases()]}")
     summary = []
     failed = False
+    started = time.monotonic()
     for release in chosen:
         print(f"== compat: pyspark {release.version} ({', '.join(release.roles)})", flush=True)
         began = time.monotonic()
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"== compat: {line}", flush=True)
         summary.append(line)
+    summary.append(f"all {len(chosen)} releases: {time.monotonic() - started:.0f} s")
     print("== compat: " + "\n== compat: ".join(summary))
     return 1 if failed else 0
 
