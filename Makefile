@@ -20,7 +20,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help install lint format test test-fast test-slow test-all run bench clean
+.PHONY: help install lint format test test-fast test-slow test-all test-compat run bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -83,6 +83,11 @@ test-slow: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) $(POSTGRES_STAMP) ## Only
 test-all: $(STAMP) $(AZURITE_STAMP) $(CHROMIUM_STAMP) $(POSTGRES_STAMP) ## Everything, the slow tests too
 	$(PY) -m pytest -q
 
+# A venv per PySpark release under .venv-compat/ (the releases: tests/compat/versions.txt), made
+# again only when pyproject.toml, constraints.txt or that list changed; pip's cache is shared.
+test-compat: ## The smoke tests on the newest patch of each accepted PySpark minor version, and 4.0's refusal
+	$(PYTHON) tools/compat.py
+
 run: $(STAMP) ## Run the demo job (log dedup with 24 h tuple-time expiry) on the shipped sample data
 	@$(PY) data/make_samples.py --touch  # Spark reads files by modification time: make it name order
 	$(VENV)/bin/dedupsink run conf/system-logs.conf
@@ -91,4 +96,4 @@ bench: $(STAMP) ## Print the engine benchmark figures
 	$(PY) bench/engine_bench.py
 
 clean: ## Remove the venv, outputs and caches
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-compat out .pytest_cache .mypy_cache .ruff_cache build *.egg-info

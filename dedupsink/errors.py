@@ -7,6 +7,7 @@ __all__ = [
     "DedupError",
     "DedupOptionError",
     "PortTableError",
+    "PySparkVersionError",
     "StoreConflictError",
     "StoreCorruptError",
     "StoreError",
@@ -77,3 +78,16 @@ class ConfigError(DedupError):
         self.key = key
         self.where = where
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class PySparkVersionError(DedupError, ImportError):
+    """The installed PySpark is older than the sink needs; the message names the version found
+    and the version needed. Raised on importing the data source, and so by ``format("dedup")``.
+    """
+
+    def __init__(self, found: str, needed: str, because: str) -> None:
+        self.found = found
+        self.needed = needed
+        super().__init__(
+            f"dedupsink needs PySpark {needed} or newer ({because}); found PySpark {found}"
+        )

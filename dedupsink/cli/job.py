@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 
 import fsspec
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from dedupsink.cli.config import (
@@ -40,6 +39,7 @@ from dedupsink.cli.source_options import check_source_options
 from dedupsink.engine.settings import Settings, resolve
 from dedupsink.errors import ConfigError, DedupOptionError
 from dedupsink.options import PATH, STORE_PATH, DedupOptions
+from dedupsink.sink.compat import arrow_schema as spark_arrow_schema
 from dedupsink.store.format import Manifest
 from dedupsink.store.storage import Storage, basename, join
 from dedupsink.store.store import BucketStore, check_settings
@@ -180,7 +180,7 @@ def source_schema(config: JobConfig, source_format: str) -> StructType | None:
 def arrow_schema(config: JobConfig, schema: StructType) -> pa.Schema:
     """The Arrow schema the sink will see (the same conversion the data source makes)."""
     try:
-        converted: pa.Schema = to_arrow_schema(schema, timezone="UTC")
+        converted: pa.Schema = spark_arrow_schema(schema)
     except (TypeError, ValueError) as exc:
         raise ConfigError(
             SOURCE_SCHEMA,

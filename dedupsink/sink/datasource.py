@@ -13,11 +13,14 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from pyspark import TaskContext
-from pyspark.sql.datasource import (
+from dedupsink.sink.compat import check_pyspark
+
+check_pyspark()  # before the imports that PySpark 4.0 lacks: one line naming both versions
+
+from pyspark import TaskContext  # noqa: E402
+from pyspark.sql.datasource import (  # noqa: E402
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
@@ -25,7 +28,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.types import (
+from pyspark.sql.types import (  # noqa: E402
     ArrayType,
     DataType,
     DoubleType,
@@ -36,8 +39,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from dedupsink.errors import DedupError, DedupOptionError
-from dedupsink.sink.worker import COMMIT_LOG_ENV, importing_in_bulk, tune_worker_process
+from dedupsink.errors import DedupError, DedupOptionError  # noqa: E402
+from dedupsink.sink.oneline import said_in_one_line  # noqa: E402
+from dedupsink.sink.worker import COMMIT_LOG_ENV, importing_in_bulk, tune_worker_process  # noqa: E402
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -79,40 +83,6 @@ def _commit(plan: SinkPlan, messages: list[WriterCommitMessage | None], batch_id
     summaries = [m.summary if isinstance(m, DedupCommitMessage) else None for m in messages]
     with said_in_one_line(), plan.options.masking():
         commit_window(plan, summaries, batch_id)
-
-
-# Spark's Python worker reads this when it formats the error it hands to the JVM: set, it
-# sends the exception's own line ("dedupsink.errors.DedupOptionError: option keys=...") instead
-# of its traceback. spark.sql.execution.pyspark.udf.hideTraceback.enabled sets it for every
-# Python error of a session.
-_HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
-_SPARK_WORKER_MODULES = "pyspark.sql.worker."
-
-
-@contextmanager
-def said_in_one_line() -> Iterator[None]:
-    """Hand a dedupsink error raised while Spark plans a write or commits to Spark without its
-    traceback, so its one line follows Spark's first line ("... Failed to initialize Python
-    data source writer: dedupsink.errors.DedupOptionError: ..."). Other errors keep theirs.
-    Set only in Spark's worker, which exits after reporting the error."""
-    try:
-        yield
-    except DedupError:
-        if _in_spark_worker():
-            os.environ[_HIDE_TRACEBACK] = "1"
-        raise
-
-
-def _in_spark_worker() -> bool:
-    """Whether this call runs under one of Spark's Python worker programs (the planner of a
-    write, the commit runner), which format the error for the JVM and then exit."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if str(frame.f_globals.get("__name__", "")).startswith(_SPARK_WORKER_MODULES):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return main is not None and main.name.startswith(_SPARK_WORKER_MODULES)
 
 
 class DedupStreamWriter(DataSourceStreamArrowWriter):
@@ -340,11 +310,10 @@ def _plan(options: Mapping[str, str], schema: StructType, check: Checks) -> Sink
     """The sink's plan for a write of ``schema`` (a new run), built in the process Spark plans
     or commits in: the first there imports the sink's modules, with the collector paused."""
     with importing_in_bulk():
-        from pyspark.sql.pandas.types import to_arrow_schema
-
+        from dedupsink.sink.compat import arrow_schema
         from dedupsink.sink.plan import plan_for
 
         tune_worker_process()
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        converted = arrow_schema(schema)
         with said_in_one_line():
-            return plan_for(dict(options), arrow_schema, new_run(), check)
+            return plan_for(dict(options), converted, new_run(), check)

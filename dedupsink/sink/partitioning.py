@@ -43,11 +43,12 @@ def partition_for_dedup(
     default parallelism, a partition a task slot, at most the number of key shards, as more
     would leave tasks without keys). Bad options raise here, as the sink would."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from dedupsink.sink.compat import arrow_schema
 
     parsed = with_absolute_paths(DedupOptions.parse(options))
     # The conversion the data source makes (timestamps with a zone are UTC in Arrow).
-    schema = to_arrow_schema(df.schema, timezone="UTC")
+    schema = arrow_schema(df.schema)
     settings = _store_layout(resolve(parsed, schema), parsed)
     keys = [F.col(name) for name in settings.keys]
     if partitions is not None and partitions < 1:
