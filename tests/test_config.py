@@ -35,6 +35,7 @@ from servers import S3Server
 
 from dedupsink.cli.config import load_config, parse_config, parse_trigger
 from dedupsink.cli.ddl import parse_schema
+from dedupsink.cli.display import counted
 from dedupsink.cli.job import checkpoint_for, prepare, spark_has_filesystem
 from dedupsink.cli.main import main
 from dedupsink.cli.run import (
@@ -50,7 +51,7 @@ from dedupsink.errors import ConfigError
 from dedupsink.options import DedupOptions
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.format import Manifest
-from dedupsink.store.records import Owner, now_ms
+from dedupsink.store.records import Owner, WindowRecord, now_ms
 from dedupsink.store.store import BucketStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -463,6 +464,22 @@ def test_fresh_checkpoint_unless_configured(write_config: WriteConfig, tmp_path:
     assert checkpoint_for(prepare(load_config(str(chosen)))) == (str(tmp_path / "chk"), False)
 
 
+@pytest.mark.parametrize(("batches", "said"), [(0, "0 batches"), (1, "1 batch"), (2, "2 batches")])
+def test_the_run_summary_counts_batches_in_their_number(batches: int, said: str) -> None:
+    windows = [WindowRecord(version=v + 1, query="q1", batch=v) for v in range(batches)]
+    outcome = RunOutcome(query_id="q1", windows=windows, seconds=2.04)
+    assert outcome.headline() == f"Run finished: {said} in 2.0 s (query q1)"
+    outcome.interrupted = True
+    assert outcome.headline().startswith(f"Run interrupted: {said} in")
+
+
+def test_counted_nouns_take_their_number() -> None:
+    assert [counted(n, "row") for n in (0, 1, 2)] == ["0 rows", "1 row", "2 rows"]
+    assert counted(1, "window file") == "1 window file"
+    assert counted(3, "remembered key") == "3 remembered keys"
+    assert counted(1, "batch", 3) == "  1 batch"
+
+
 def test_the_inspect_hint_gives_the_storage_options_with_secrets_as_dots() -> None:
     options = DedupOptions.parse(
         {
@@ -702,7 +719,7 @@ def test_inspect_json_numbers_the_last_window_as_run_does(
     ]
     for line in lines[1:]:  # how long each window took: wall, its commit, its tasks
         assert re.search(
-            r"new keys, 0 forgotten \| \d+\.\d s wall \(commit \d+\.\d s\), "
+            r"\): +2 rows .*\| 1 new key, 0 forgotten \| \d+\.\d s wall \(commit \d+\.\d s\), "
             r"tasks \d+\.\d\d s$",
             line,
         ), line

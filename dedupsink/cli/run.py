@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from dedupsink.cli.config import SOURCE_PATH
-from dedupsink.cli.display import table
+from dedupsink.cli.display import counted, table
 from dedupsink.cli.inspect import catalog_lines
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
@@ -88,6 +88,14 @@ class RunOutcome:
     windows: list[WindowRecord] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
+
+    def headline(self) -> str:
+        """The summary's first line: how the run ended, its batches, its time and its query."""
+        state = "interrupted" if self.interrupted else "finished"
+        return (
+            f"Run {state}: {counted(len(self.windows), 'batch')} in {self.seconds:.1f} s "
+            f"(query {self.query_id or '-'})"
+        )
 
 
 # -- the Spark session ------------------------------------------------------------------------
@@ -255,12 +263,12 @@ class WindowWatcher:
             print(_gap_text(self.gap, window.version), file=self.out, flush=True)
         self.windows.append(window)
         ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
-        state = f"{window.new_keys} new keys, {window.dropped_keys} forgotten"
+        state = f"{counted(window.new_keys, 'new key')}, {window.dropped_keys} forgotten"
         if manifest.settings.mode == "sequence":
-            state = f"{window.new_keys} new producers"
+            state = counted(window.new_keys, "new producer")
         print(
             f"batch {window.batch:>3} (window {window.version}): "
-            f"{window.counts.total:>5} rows  {ports}  | {state}{_times_text(window)}",
+            f"{counted(window.counts.total, 'row', 5)}  {ports}  | {state}{_times_text(window)}",
             file=self.out,
             flush=True,
         )
@@ -397,11 +405,9 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
     ports = port_format(job.options)
     rows = [[port, this_run[port], totals[port], ports.address(port)] for port in PORTS]
     rows.append(["total", sum(this_run.values()), totals.total, ""])
-    state = "interrupted" if outcome.interrupted else "finished"
     lines = [
         "",
-        f"Run {state}: {len(outcome.windows)} batches in {outcome.seconds:.1f} s "
-        f"(query {outcome.query_id or '-'})",
+        outcome.headline(),
         *table(["port", "this run", "all runs", ports.address_heading], rows),
     ]
     catalog = ports.catalog_info()
@@ -457,12 +463,12 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
     if manifest is None:
         return [f"Store {store.url}: empty"]
     files, nbytes = store.disk_usage()
-    kept = "producers" if manifest.settings.mode == "sequence" else "remembered keys"
+    kept = "producer" if manifest.settings.mode == "sequence" else "remembered key"
     expired = manifest.expired_unfolded_keys
-    awaiting = f" (and {expired} expired keys awaiting fold)" if expired else ""
+    awaiting = f" (and {counted(expired, 'expired key')} awaiting fold)" if expired else ""
     lines = [
-        f"Store {store.url}: {manifest.remembered_keys} {kept}{awaiting}; on disk "
-        f"{files} window files, {human_bytes(nbytes)}"
+        f"Store {store.url}: {counted(manifest.remembered_keys, kept)}{awaiting}; on disk "
+        f"{counted(files, 'window file')}, {human_bytes(nbytes)}"
     ]
     settings = manifest.settings
     if settings.mode != "basic" and manifest.latest is not None and settings.period is not None:
