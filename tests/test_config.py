@@ -494,14 +494,56 @@ def test_the_inspect_hint_gives_the_storage_options_with_secrets_as_dots() -> No
     assert inspect_command(options) == (
         "dedupsink inspect s3://lake/cli --fs 'endpoint_url=http://user:***@127.0.0.1:9000' "
         "--fs key=... --fs secret=... --fs anon=false --fs region_name=eu-west-1",
-        True,
+        ["fs.key", "fs.secret"],
     )
     # a store not under the output is named; a path with a space is quoted for the shell
     elsewhere = DedupOptions.parse({"path": "/data/my out", "storePath": "/data/store"})
     assert inspect_command(elsewhere) == (
         "dedupsink inspect '/data/my out' --store /data/store",
-        False,
+        [],
     )
+
+
+@pytest.mark.parametrize(
+    ("catalog", "shown", "hidden"),
+    [
+        (
+            {"type": "sql", "uri": "postgresql+psycopg2://dedup:pg-Secret-1@db:5432/lake"},
+            "--catalog type=sql --catalog 'uri=postgresql+psycopg2://dedup:***@db:5432/lake'",
+            [],
+        ),
+        (
+            {
+                "type": "glue",
+                "glue.region": "eu-west-1",
+                "glue.access-key-id": "AKIAEXAMPLE",
+                "glue.secret-access-key": "pg-Secret-1",
+            },
+            "--catalog type=glue --catalog glue.region=eu-west-1 "
+            "--catalog glue.access-key-id=... --catalog glue.secret-access-key=...",
+            ["iceberg.catalog.glue.access-key-id", "iceberg.catalog.glue.secret-access-key"],
+        ),
+    ],
+    ids=["postgresql", "glue"],
+)
+def test_the_inspect_hint_names_the_iceberg_catalog_with_its_secrets_masked(
+    catalog: dict[str, str], shown: str, hidden: list[str]
+) -> None:
+    """Without --catalog, inspect would look for the tables in the embedded SQLite catalog,
+    which does not exist; the password in a catalog's URI and its secrets are never printed."""
+    options = DedupOptions.parse(
+        {
+            "path": "s3://lake/out",
+            "outputFormat": "iceberg",
+            "iceberg.namespace": "sales",
+            "iceberg.table": "orders",
+            **{f"iceberg.catalog.{name}": value for name, value in catalog.items()},
+        }
+    )
+    command, masked = inspect_command(options)
+    assert command == (f"dedupsink inspect s3://lake/out {shown} --namespace sales --table orders")
+    assert masked == hidden
+    assert "pg-Secret-1" not in command and "AKIAEXAMPLE" not in command
 
 
 def test_the_inspect_hint_of_a_run_on_s3_inspects_its_store(
@@ -519,7 +561,9 @@ def test_the_inspect_hint_of_a_run_on_s3_inspects_its_store(
         f"Inspect: dedupsink inspect {place.url} --fs endpoint_url={s3.endpoint_url} "
         "--fs key=... --fs secret=..."
     )
-    assert lines[-1] == f"         (each ... stands for that fs.<name> value in {config})"
+    assert lines[-1] == (
+        f"         (each ... stands for the value of fs.key, fs.secret in {config})"
+    )
     argv = shlex.split(command.removeprefix("Inspect: "))[1:]
     filled = [arg.replace("key=...", "key=test-key") for arg in argv]
     filled = [arg.replace("secret=...", "secret=test-secret") for arg in filled]
