@@ -43,7 +43,7 @@ def storage_secrets(storage_options: Mapping[str, object]) -> list[object]:
         # A misspelt endpoint (fs.endpont_url) is shown as the endpoint would be.
         if not difflib.get_close_matches(name.lower(), SHOWN_STORAGE_OPTIONS, n=1, cutoff=0.8):
             secrets.append(value)
-        elif isinstance(value, str):
+        elif isinstance(value, str) and url_password(value):
             secrets.append(url_password(value))
     return secrets
 
