@@ -43,10 +43,19 @@ def storage_secrets(storage_options: Mapping[str, object]) -> list[object]:
         # A misspelt endpoint (fs.endpont_url) is shown as the endpoint would be.
         if not difflib.get_close_matches(name.lower(), SHOWN_STORAGE_OPTIONS, n=1, cutoff=0.8):
             secrets.append(value)
-        elif isinstance(value, str) and "@" in value:
-            with suppress(ValueError):
-                secrets.append(urlsplit(value).password or "")
+        elif isinstance(value, str) and url_password(value):
+            secrets.append(url_password(value))
     return secrets
+
+
+def url_password(value: str) -> str:
+    """The password of a URL's user part (``scheme://user:password@host``); "" for any other
+    value."""
+    if "@" not in value:
+        return ""
+    with suppress(ValueError):  # not a URL (an unbalanced '[' in its host part)
+        return urlsplit(value).password or ""
+    return ""
 
 
 def mask_values(text: str, values: Iterable[object]) -> str:

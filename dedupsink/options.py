@@ -12,7 +12,7 @@ that need the stream's schema (columns, their types, the mode a column implies) 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -264,6 +264,13 @@ class DedupOptions:
         """Parse Spark's string options (any case); unknown options are refused by name."""
         # Catalog property names keep their case (pyiceberg's are lower-case, some catalogs' not).
         catalog = parse_catalog_properties(raw)
+        _refuse_unknown(
+            {
+                key: str(value)
+                for key, value in raw.items()
+                if not is_storage_option(key) and not is_catalog_property(key)
+            }
+        )
         given = {key.lower(): str(value) for key, value in raw.items()}
         storage = parse_storage_options(given)
         given = {
@@ -271,7 +278,6 @@ class DedupOptions:
             for key, value in given.items()
             if not is_storage_option(key) and not is_catalog_property(key)
         }
-        _refuse_unknown(given)
 
         def text(name: str) -> str | None:
             value = given.get(name.lower())
@@ -566,13 +572,27 @@ def misplaced_assume_same_expiry(value: bool, where: str) -> DedupOptionError:
     )
 
 
+def close_match(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate most like ``name``, compared without case, as the candidate is spelt; None
+    when none is close. The one source of every "did you mean" of options and columns."""
+    by_lower = {candidate.lower(): candidate for candidate in candidates}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
+
+
 def _refuse_unknown(given: Mapping[str, str]) -> None:
-    known = {name.lower(): name for name in SINK_OPTIONS}
+    """Refuse an option no one reads, echoed as it arrived. Spark hands a Python data source
+    its option names lower-cased, so the refusal of a lower-case name says that case does not
+    matter: the user may have written ``expiryPeriode`` and sees ``expiryperiode``."""
+    known = {name.lower() for name in SINK_OPTIONS}
     for name in given:
-        if name in known or name in SPARK_OPTIONS:
+        if name.lower() in known or name.lower() in SPARK_OPTIONS:
             continue
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f" (did you mean {known[close[0]]}?)" if close else ""
+        notes = ["option names are case-insensitive"] if name == name.lower() else []
+        close = close_match(name, SINK_OPTIONS)
+        if close is not None:
+            notes.append(f"did you mean {close}?")
+        hint = f" ({'; '.join(notes)})" if notes else ""
         raise DedupOptionError(
             name, given[name], "a known option" + hint + ": " + ", ".join(SINK_OPTIONS)
         )

@@ -35,6 +35,7 @@ from servers import S3Server
 
 from dedupsink.cli.config import load_config, parse_config, parse_trigger
 from dedupsink.cli.ddl import parse_schema
+from dedupsink.cli.display import counted
 from dedupsink.cli.job import checkpoint_for, prepare, spark_has_filesystem
 from dedupsink.cli.main import main
 from dedupsink.cli.run import (
@@ -50,7 +51,7 @@ from dedupsink.errors import ConfigError
 from dedupsink.options import DedupOptions
 from dedupsink.sink.local import LocalSink
 from dedupsink.store.format import Manifest
-from dedupsink.store.records import Owner, now_ms
+from dedupsink.store.records import Owner, WindowRecord, now_ms
 from dedupsink.store.store import BucketStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -463,6 +464,22 @@ def test_fresh_checkpoint_unless_configured(write_config: WriteConfig, tmp_path:
     assert checkpoint_for(prepare(load_config(str(chosen)))) == (str(tmp_path / "chk"), False)
 
 
+@pytest.mark.parametrize(("batches", "said"), [(0, "0 batches"), (1, "1 batch"), (2, "2 batches")])
+def test_the_run_summary_counts_batches_in_their_number(batches: int, said: str) -> None:
+    windows = [WindowRecord(version=v + 1, query="q1", batch=v) for v in range(batches)]
+    outcome = RunOutcome(query_id="q1", windows=windows, seconds=2.04)
+    assert outcome.headline() == f"Run finished: {said} in 2.0 s (query q1)"
+    outcome.interrupted = True
+    assert outcome.headline().startswith(f"Run interrupted: {said} in")
+
+
+def test_counted_nouns_take_their_number() -> None:
+    assert [counted(n, "row") for n in (0, 1, 2)] == ["0 rows", "1 row", "2 rows"]
+    assert counted(1, "window file") == "1 window file"
+    assert counted(3, "remembered key") == "3 remembered keys"
+    assert counted(1, "batch", 3) == "  1 batch"
+
+
 def test_the_inspect_hint_gives_the_storage_options_with_secrets_as_dots() -> None:
     options = DedupOptions.parse(
         {
@@ -477,14 +494,56 @@ def test_the_inspect_hint_gives_the_storage_options_with_secrets_as_dots() -> No
     assert inspect_command(options) == (
         "dedupsink inspect s3://lake/cli --fs 'endpoint_url=http://user:***@127.0.0.1:9000' "
         "--fs key=... --fs secret=... --fs anon=false --fs region_name=eu-west-1",
-        True,
+        ["fs.key", "fs.secret"],
     )
     # a store not under the output is named; a path with a space is quoted for the shell
     elsewhere = DedupOptions.parse({"path": "/data/my out", "storePath": "/data/store"})
     assert inspect_command(elsewhere) == (
         "dedupsink inspect '/data/my out' --store /data/store",
-        False,
+        [],
     )
+
+
+@pytest.mark.parametrize(
+    ("catalog", "shown", "hidden"),
+    [
+        (
+            {"type": "sql", "uri": "postgresql+psycopg2://dedup:pg-Secret-1@db:5432/lake"},
+            "--catalog type=sql --catalog 'uri=postgresql+psycopg2://dedup:***@db:5432/lake'",
+            [],
+        ),
+        (
+            {
+                "type": "glue",
+                "glue.region": "eu-west-1",
+                "glue.access-key-id": "AKIAEXAMPLE",
+                "glue.secret-access-key": "pg-Secret-1",
+            },
+            "--catalog type=glue --catalog glue.region=eu-west-1 "
+            "--catalog glue.access-key-id=... --catalog glue.secret-access-key=...",
+            ["iceberg.catalog.glue.access-key-id", "iceberg.catalog.glue.secret-access-key"],
+        ),
+    ],
+    ids=["postgresql", "glue"],
+)
+def test_the_inspect_hint_names_the_iceberg_catalog_with_its_secrets_masked(
+    catalog: dict[str, str], shown: str, hidden: list[str]
+) -> None:
+    """Without --catalog, inspect would look for the tables in the embedded SQLite catalog,
+    which does not exist; the password in a catalog's URI and its secrets are never printed."""
+    options = DedupOptions.parse(
+        {
+            "path": "s3://lake/out",
+            "outputFormat": "iceberg",
+            "iceberg.namespace": "sales",
+            "iceberg.table": "orders",
+            **{f"iceberg.catalog.{name}": value for name, value in catalog.items()},
+        }
+    )
+    command, masked = inspect_command(options)
+    assert command == (f"dedupsink inspect s3://lake/out {shown} --namespace sales --table orders")
+    assert masked == hidden
+    assert "pg-Secret-1" not in command and "AKIAEXAMPLE" not in command
 
 
 def test_the_inspect_hint_of_a_run_on_s3_inspects_its_store(
@@ -502,7 +561,9 @@ def test_the_inspect_hint_of_a_run_on_s3_inspects_its_store(
         f"Inspect: dedupsink inspect {place.url} --fs endpoint_url={s3.endpoint_url} "
         "--fs key=... --fs secret=..."
     )
-    assert lines[-1] == f"         (each ... stands for that fs.<name> value in {config})"
+    assert lines[-1] == (
+        f"         (each ... stands for the value of fs.key, fs.secret in {config})"
+    )
     argv = shlex.split(command.removeprefix("Inspect: "))[1:]
     filled = [arg.replace("key=...", "key=test-key") for arg in argv]
     filled = [arg.replace("secret=...", "secret=test-secret") for arg in filled]
@@ -702,7 +763,7 @@ def test_inspect_json_numbers_the_last_window_as_run_does(
     ]
     for line in lines[1:]:  # how long each window took: wall, its commit, its tasks
         assert re.search(
-            r"new keys, 0 forgotten \| \d+\.\d s wall \(commit \d+\.\d s\), "
+            r"\): +2 rows .*\| 1 new key, 0 forgotten \| \d+\.\d s wall \(commit \d+\.\d s\), "
             r"tasks \d+\.\d\d s$",
             line,
         ), line

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from operator_outputs import copy_store
 
+from dedupsink.cli.inspect import table_state
 from dedupsink.cli.main import main
 from dedupsink.engine.classify import PORTS
 from dedupsink.errors import ConfigError
@@ -23,6 +24,7 @@ from dedupsink.inspection import (
     report_data,
 )
 from dedupsink.inspection import history as history_of
+from dedupsink.inspection.state import PortState
 from dedupsink.masking import MASK
 from dedupsink.ports.base import CatalogInfo
 from dedupsink.sink.local import LocalSink
@@ -135,6 +137,49 @@ def test_an_iceberg_stores_catalog_is_shown_with_the_call_that_reads_its_tables(
     assert shown["uri"] == catalog.uri and shown["load"].startswith(
         'from pyiceberg.catalog import load_catalog; load_catalog("dedupsink"'
     )
+
+
+def described(**state: object) -> PortState:
+    return PortState("unique", 0, 0, 0, "/out/unique", None, state)
+
+
+@pytest.mark.parametrize(
+    ("state", "shown"),
+    [
+        ({"table": "dedup.out_unique", "snapshots": None}, "dedup.out_unique: no table yet"),
+        (
+            {"table": "dedup.out_unique", "snapshots": 0, "published_version": -1},
+            "dedup.out_unique with no snapshot yet",
+        ),
+        (
+            {"table": "dedup.out_unique", "snapshots": 2, "published_version": -1},
+            "dedup.out_unique with 2 snapshots",
+        ),
+        (
+            {"table": "dedup.out_unique", "snapshots": 1, "published_version": 4},
+            "dedup.out_unique with 1 snapshot, store version 4",
+        ),
+        ({"table": "/out/unique", "table_version": None}, "/out/unique: no table yet"),
+        (
+            {"table": "/out/unique", "table_version": 0, "published_version": None},
+            "version 0",
+        ),
+        ({"log_entries_on_disk": 3}, "-"),
+    ],
+    ids=[
+        "iceberg-none",
+        "iceberg-empty",
+        "iceberg-other-store",
+        "iceberg",
+        "delta-none",
+        "delta-created",
+        "parquet",
+    ],
+)
+def test_an_empty_table_port_is_said_so(state: dict[str, object], shown: str) -> None:
+    """A port table not created yet (an embedded catalog makes them at the first commit), or
+    holding no window of this store, reads as such, never as None snapshots or version -1."""
+    assert table_state(described(**state)) == shown
 
 
 def test_catalog_secrets_are_masked() -> None:

@@ -124,7 +124,17 @@ def test_blank_path_is_refused() -> None:
 
 def test_unknown_option_is_refused_with_a_suggestion() -> None:
     error = option_error({"path": "/o", "expiryPeriode": "1 day"})
-    assert_names(error, "expiryperiode", "1 day", "did you mean expiryPeriod?", "bucketSpan")
+    assert_names(error, "expiryPeriode", "1 day", "(did you mean expiryPeriod?)", "bucketSpan")
+
+
+def test_unknown_option_as_spark_hands_it_says_names_are_case_insensitive() -> None:
+    """Spark lower-cases a Python data source's option names before the sink sees them, so the
+    name echoed is not the one typed; the refusal says why, and still finds the option meant."""
+    error = option_error({"path": "/o", "expiryperiode": "1 day"})
+    message = str(error)
+    assert_names(error, "expiryperiode", "1 day")
+    assert "(option names are case-insensitive; did you mean expiryPeriod?)" in message
+    assert len(message.splitlines()) == 1
 
 
 def test_unknown_option_without_a_close_match_lists_the_known_ones() -> None:
@@ -295,6 +305,40 @@ def test_whole_struct_key_is_accepted() -> None:
 def test_unknown_key_column_is_refused(keys: str) -> None:
     error = option_error({"path": "/o", "keys": keys})
     assert_names(error, "keys", keys, "columns of the stream", "not one of")
+
+
+@pytest.mark.parametrize(
+    ("raw", "option", "value"),
+    [
+        ({"keys": "id,sqe"}, "keys", "id,sqe"),
+        ({"keys": "Seq"}, "keys", "Seq"),
+        ({"keys": "id", "expiryKey": "sqe", "expiryPeriod": "10"}, "expiryKey", "sqe"),
+        ({"keys": "id", "sequenceKey": "sqe"}, "sequenceKey", "sqe"),
+    ],
+    ids=["keys", "keys-in-another-case", "expiryKey", "sequenceKey"],
+)
+def test_a_misspelt_column_gets_a_did_you_mean(
+    raw: dict[str, str], option: str, value: str
+) -> None:
+    """Every option naming a column suggests the column spelt most like it, after the list."""
+    error = option_error({"path": "/o", **raw})
+    assert_names(error, option, value, str(SCHEMA.names), "(did you mean 'seq'?)")
+    assert len(str(error).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"keys": "zzz"},
+        {"keys": "id", "expiryKey": "zzz", "expiryPeriod": "10"},
+        {"keys": "id", "sequenceKey": "zzz"},
+    ],
+    ids=["keys", "expiryKey", "sequenceKey"],
+)
+def test_a_column_like_none_gets_no_did_you_mean(raw: dict[str, str]) -> None:
+    error = option_error({"path": "/o", **raw})
+    assert str(SCHEMA.names) in str(error)
+    assert "did you mean" not in str(error)
 
 
 @pytest.mark.parametrize(("keys", "kind"), [("tags", "list<"), ("attrs", "map<")])

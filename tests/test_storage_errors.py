@@ -149,6 +149,45 @@ def test_a_dead_endpoint_is_said_at_once_and_before_any_word_on_credentials(
     assert elapsed < 2.0, elapsed  # the client's own retries take 7 to 11 seconds
 
 
+def dead_azure_connection_string() -> tuple[str, str]:
+    """A connection string whose Blob endpoint is a port where nothing listens, and that
+    endpoint."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    connection = (
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        f"AccountKey={SECRET};BlobEndpoint={endpoint}/devstoreaccount1;"
+    )
+    return connection, endpoint
+
+
+@pytest.mark.parametrize("route", ["option", "fsspec-config"])
+def test_a_dead_blob_endpoint_in_a_connection_string_is_said_at_once(
+    route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint inside a connection string is probed as fs.endpoint_url is, whether the
+    string is a storage option or comes from fsspec's own configuration (here its
+    FSSPEC_ABFS_CONNECTION_STRING variable), which the filesystem reads too."""
+    connection, endpoint = dead_azure_connection_string()
+    options = {"path": "abfs://box/out"}
+    if route == "option":
+        options["fs.connection_string"] = connection
+        named = "(fs.connection_string)"
+    else:
+        configured: dict[str, dict[str, str]] = {}
+        fsspec.config.set_conf_env(configured, {"FSSPEC_ABFS_CONNECTION_STRING": connection})
+        monkeypatch.setitem(fsspec.config.conf, "abfs", configured["abfs"])
+        named = "(connection_string in fsspec's configuration)"
+    started = time.monotonic()
+    error = refused(options)
+    elapsed = time.monotonic() - started
+    assert error.option == "path"
+    assert str(error) == (
+        "option path='abfs://box/out' is invalid: expected a reachable Azure Blob endpoint: "
+        f"nothing answers at {endpoint}/devstoreaccount1 {named} (connection refused)"
+    )
+    assert elapsed < 2.0, elapsed  # not the 5 s of waiting for a reply that never comes
+
+
 def test_a_bucket_that_does_not_exist_is_refused(s3: S3Server) -> None:
     options = {f"fs.{k}": str(v) for k, v in s3.storage_options.items()}
     error = refused({"path": "s3://no-such-bucket/out", **options})

@@ -1,11 +1,11 @@
-"""Plain-text rendering for the CLI: small aligned tables (sizes and times come from
-``dedupsink.units``, points from ``dedupsink.inspection.points``)."""
+"""Plain-text rendering for the CLI: small aligned tables and counted nouns (sizes and times
+come from ``dedupsink.units``, points from ``dedupsink.inspection.points``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["table"]
+__all__ = ["counted", "table"]
 
 
 def table(
@@ -27,3 +27,11 @@ def table(
         return (indent + "  ".join(parts)).rstrip()
 
     return [line(list(headers)), *(line(row) for row in cells)]
+
+
+def counted(count: int, noun: str, width: int = 0) -> str:
+    """``count`` and ``noun`` in its number: "1 batch", "2 batches", "0 rows" (``-es`` after a
+    sibilant, else ``-s``; the count right-aligned in ``width``)."""
+    if count != 1:
+        noun += "es" if noun.endswith(("s", "sh", "ch", "x", "z")) else "s"
+    return f"{count:>{width}} {noun}"

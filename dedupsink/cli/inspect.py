@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from dedupsink.cli.display import table
+from dedupsink.cli.display import counted, table
 from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES, human_span
 from dedupsink.inspection.jsonout import dumps
@@ -24,7 +24,7 @@ from dedupsink.ports.base import CatalogInfo
 from dedupsink.store.records import StoreSettings
 from dedupsink.units import human_bytes, micros_since_epoch, utc_text
 
-__all__ = ["placement_text", "render", "settings_text", "to_json"]
+__all__ = ["placement_text", "render", "settings_text", "table_state", "to_json"]
 
 
 def to_json(inspection: Inspection) -> str:
@@ -190,7 +190,7 @@ def _ports_text(output: str | None, state: StoreState) -> list[str]:
     else:
         lines = [f"ports       {output}"]
     rows = [
-        [port.port, port.batches, port.files, port.rows, _table_state(port), _where(port)]
+        [port.port, port.batches, port.files, port.rows, table_state(port), _where(port)]
         for port in state.ports
     ]
     headings = ["port", "batches", "files", "rows", "table", "location"]
@@ -200,17 +200,22 @@ def _ports_text(output: str | None, state: StoreState) -> list[str]:
     return lines + table(headings, rows, indent="  ")
 
 
-def _table_state(port: PortState) -> str:
+def table_state(port: PortState) -> str:
     """A table port's state: its Delta version or Iceberg snapshots, and the last store
-    version it holds."""
+    version it holds; a table not created yet, or without a snapshot, said so."""
     if "table_version" in port.described:
+        if port.table_version is None:
+            return f"{port.table}: no table yet"
         state = f"version {port.table_version}"
     elif "snapshots" in port.described:
-        plural = "" if port.snapshots == 1 else "s"
-        state = f"{port.table} with {port.snapshots} snapshot{plural}"
+        if port.snapshots is None:
+            return f"{port.table}: no table yet"
+        has = counted(port.snapshots, "snapshot") if port.snapshots else "no snapshot yet"
+        state = f"{port.table} with {has}"
     else:
         return "-"
-    if port.published_version is not None:
+    # Iceberg says -1 for a table holding no window of this store yet
+    if port.published_version is not None and port.published_version >= 0:
         state += f", store version {port.published_version}"
     return state
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from dedupsink.cli.config import SOURCE_PATH
-from dedupsink.cli.display import table
+from dedupsink.cli.display import counted, table
 from dedupsink.cli.inspect import catalog_lines
 from dedupsink.cli.job import FIXED_SCHEMAS, PreparedJob, checkpoint_for, spark_has_filesystem
 from dedupsink.cli.sparkhome import SPARK_HOME_ENV, compiled_spark_home
@@ -35,8 +35,14 @@ from dedupsink.engine.classify import PORTS
 from dedupsink.engine.settings import TIME_BUCKET_MODES, human_span
 from dedupsink.errors import DedupError, StoreError
 from dedupsink.inspection.points import point_text
-from dedupsink.masking import mask_values, storage_secrets
-from dedupsink.options import DedupOptions, bool_text, default_store_path
+from dedupsink.masking import catalog_secrets, mask_values, storage_secrets, url_password
+from dedupsink.options import (
+    ICEBERG_CATALOG_PREFIX,
+    STORAGE_OPTION_PREFIX,
+    DedupOptions,
+    bool_text,
+    default_store_path,
+)
 from dedupsink.ports.formats import port_format
 from dedupsink.sink.partitioning import partition_for_dedup
 from dedupsink.sink.worker import COMMIT_LOG_ENV
@@ -88,6 +94,14 @@ class RunOutcome:
     windows: list[WindowRecord] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
+
+    def headline(self) -> str:
+        """The summary's first line: how the run ended, its batches, its time and its query."""
+        state = "interrupted" if self.interrupted else "finished"
+        return (
+            f"Run {state}: {counted(len(self.windows), 'batch')} in {self.seconds:.1f} s "
+            f"(query {self.query_id or '-'})"
+        )
 
 
 # -- the Spark session ------------------------------------------------------------------------
@@ -255,12 +269,12 @@ class WindowWatcher:
             print(_gap_text(self.gap, window.version), file=self.out, flush=True)
         self.windows.append(window)
         ports = "  ".join(f"{port} {window.counts[port]:>4}" for port in PORTS)
-        state = f"{window.new_keys} new keys, {window.dropped_keys} forgotten"
+        state = f"{counted(window.new_keys, 'new key')}, {window.dropped_keys} forgotten"
         if manifest.settings.mode == "sequence":
-            state = f"{window.new_keys} new producers"
+            state = counted(window.new_keys, "new producer")
         print(
             f"batch {window.batch:>3} (window {window.version}): "
-            f"{window.counts.total:>5} rows  {ports}  | {state}{_times_text(window)}",
+            f"{counted(window.counts.total, 'row', 5)}  {ports}  | {state}{_times_text(window)}",
             file=self.out,
             flush=True,
         )
@@ -397,11 +411,9 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
     ports = port_format(job.options)
     rows = [[port, this_run[port], totals[port], ports.address(port)] for port in PORTS]
     rows.append(["total", sum(this_run.values()), totals.total, ""])
-    state = "interrupted" if outcome.interrupted else "finished"
     lines = [
         "",
-        f"Run {state}: {len(outcome.windows)} batches in {outcome.seconds:.1f} s "
-        f"(query {outcome.query_id or '-'})",
+        outcome.headline(),
         *table(["port", "this run", "all runs", ports.address_heading], rows),
     ]
     catalog = ports.catalog_info()
@@ -413,10 +425,11 @@ def summary(job: PreparedJob, outcome: RunOutcome, released: bool) -> list[str]:
         if released
         else "Owner lease not released (see above)."
     )
-    command, secret = inspect_command(job.options, command_name())
+    command, hidden = inspect_command(job.options, command_name())
     lines.append(f"Inspect: {command}")
-    if secret:
-        lines.append(f"         (each ... stands for that fs.<name> value in {job.config.origin})")
+    if hidden:
+        names = ", ".join(hidden)
+        lines.append(f"         (each ... stands for the value of {names} in {job.config.origin})")
     return lines
 
 
@@ -432,24 +445,40 @@ def command_name() -> str:
     return shlex.quote(started)
 
 
-def inspect_command(options: DedupOptions, program: str = "dedupsink") -> tuple[str, bool]:
-    """The ``dedupsink inspect`` command for the job's store, and whether it hides a secret:
-    the output path, ``--store`` when the store is not the default one, and ``--fs NAME=VALUE``
-    for each storage option the job used, shown where it says where the storage is (an
-    endpoint, a region, an account; a password in an endpoint URL masked) and ``...`` for every
-    other value, which may be a secret."""
+def inspect_command(options: DedupOptions, program: str = "dedupsink") -> tuple[str, list[str]]:
+    """The ``dedupsink inspect`` command for the job's store and port tables, and the options
+    whose values it hides: the output path, ``--store`` when the store is not the default one,
+    ``--fs NAME=VALUE`` for each storage option the job used, and for Iceberg ports in a catalog
+    of their own ``--catalog PROPERTY=VALUE``, ``--namespace`` and ``--table`` (without them
+    ``inspect`` would look in the embedded catalog, which has no such tables). A value is shown
+    where it says where things are (an endpoint, a region, a catalog's URI; a password in a URL
+    masked) and is ``...`` where it may be a secret."""
     words = [program, "inspect", shlex.quote(options.path)]
     if options.store_path != default_store_path(options.path):
         words += ["--store", shlex.quote(options.store_path)]
-    hidden = False
-    for name, value in options.storage_options.items():
+    given: list[tuple[str, str, str, object, Sequence[object]]] = [
+        ("--fs", STORAGE_OPTION_PREFIX, name, value, storage_secrets({name: value}))
+        for name, value in options.storage_options.items()
+    ]
+    given += [
+        ("--catalog", ICEBERG_CATALOG_PREFIX, name, value, catalog_secrets({name: value}))
+        for name, value in options.iceberg_catalog.items()
+    ]
+    hidden: list[str] = []
+    for flag, prefix, name, value, secrets in given:
         text = bool_text(value) if isinstance(value, bool) else str(value)  # true/false: shown
-        secrets = [str(secret) for secret in storage_secrets({name: value})]
-        if text in secrets:
-            text, hidden = SECRET_PLACEHOLDER, True
+        if text in [str(secret) for secret in secrets]:
+            text = SECRET_PLACEHOLDER
+            hidden.append(prefix + name)
         else:
-            text = mask_values(text, secrets)  # a password in an endpoint URL
-        words += ["--fs", shlex.quote(f"{name}={text}")]
+            text = mask_values(text, [*secrets, url_password(text)])  # a password in a URL
+        words += [flag, shlex.quote(f"{name}={text}")]
+    for flag, table_name in (
+        ("--namespace", options.iceberg_namespace),
+        ("--table", options.iceberg_table),
+    ):
+        if table_name is not None:
+            words += [flag, shlex.quote(table_name)]
     return " ".join(words), hidden
 
 
@@ -457,12 +486,12 @@ def _store_lines(store: BucketStore, manifest: Manifest | None) -> list[str]:
     if manifest is None:
         return [f"Store {store.url}: empty"]
     files, nbytes = store.disk_usage()
-    kept = "producers" if manifest.settings.mode == "sequence" else "remembered keys"
+    kept = "producer" if manifest.settings.mode == "sequence" else "remembered key"
     expired = manifest.expired_unfolded_keys
-    awaiting = f" (and {expired} expired keys awaiting fold)" if expired else ""
+    awaiting = f" (and {counted(expired, 'expired key')} awaiting fold)" if expired else ""
     lines = [
-        f"Store {store.url}: {manifest.remembered_keys} {kept}{awaiting}; on disk "
-        f"{files} window files, {human_bytes(nbytes)}"
+        f"Store {store.url}: {counted(manifest.remembered_keys, kept)}{awaiting}; on disk "
+        f"{counted(files, 'window file')}, {human_bytes(nbytes)}"
     ]
     settings = manifest.settings
     if settings.mode != "basic" and manifest.latest is not None and settings.period is not None:

@@ -36,6 +36,7 @@ from dedupsink.options import (
     SEQUENCE_KEY,
     DedupOptions,
     bool_text,
+    close_match,
     misplaced_assume_same_expiry,
     period_required,
 )
@@ -184,6 +185,16 @@ def column(rows: Rows, name: str) -> pa.Array:
     return array
 
 
+def _missing_column(
+    option: str, value: str, name: str, schema: pa.Schema, accepted: str = "a column of the stream:"
+) -> DedupOptionError:
+    """The refusal of ``name``, which names no column: the columns listed, and the closest
+    one where a column is spelt much like it (a typo of ``serial`` as ``serail``)."""
+    close = close_match(name, schema.names)
+    hint = f" (did you mean {close!r}?)" if close is not None else ""
+    return DedupOptionError(option, value, f"{accepted} one of {schema.names}{hint}")
+
+
 def _supported_key_type(kind: pa.DataType) -> bool:
     if pa.types.is_struct(kind):
         return all(_supported_key_type(kind.field(i).type) for i in range(kind.num_fields))
@@ -229,10 +240,8 @@ def _resolve_keys(
     for name in names:
         field = find_field(schema, name)
         if field is None:
-            raise DedupOptionError(
-                KEYS,
-                ",".join(names),
-                f"columns of the stream; {name!r} is not one of {schema.names}",
+            raise _missing_column(
+                KEYS, ",".join(names), name, schema, f"columns of the stream; {name!r} is not"
             )
         if not _supported_key_type(field.type):
             hint = (
@@ -336,7 +345,7 @@ def _resolve_sequence(
     """Sequence dedup: producers bucketed by hash, each stored with its highest sequence id."""
     field = find_field(schema, name)
     if field is None:
-        raise DedupOptionError(SEQUENCE_KEY, name, f"a column of the stream: one of {schema.names}")
+        raise _missing_column(SEQUENCE_KEY, name, name, schema)
     if not sequence_type_fits(field.type):
         raise DedupOptionError(
             SEQUENCE_KEY,
@@ -384,9 +393,7 @@ def _resolve_mode(options: DedupOptions, schema: pa.Schema) -> tuple[Mode, str |
         return ("systemTime" if options.expiry_mode == "systemTime" else "basic"), None, "int"
     field = find_field(schema, options.expiry_key)
     if field is None:
-        raise DedupOptionError(
-            EXPIRY_KEY, options.expiry_key, f"a column of the stream: one of {schema.names}"
-        )
+        raise _missing_column(EXPIRY_KEY, options.expiry_key, options.expiry_key, schema)
     mode = options.expiry_mode or _infer_mode(field.type)
     if mode is None:
         raise DedupOptionError(

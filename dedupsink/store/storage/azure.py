@@ -14,6 +14,9 @@ from dedupsink.options import StorageBounds
 from dedupsink.store.storage.base import Storage
 from dedupsink.store.storage.object_store import ObjectStorage
 
+# Where UseDevelopmentStorage=true sends the Azure SDK: Azurite's documented Blob endpoint.
+_EMULATOR_ENDPOINT = "http://127.0.0.1:10000/devstoreaccount1"
+
 
 class AzureStorage(ObjectStorage):
     """Azure Blob Storage and ADLS Gen2 through adlfs."""
@@ -22,6 +25,7 @@ class AzureStorage(ObjectStorage):
     service = "Azure Blob"
     protocols = ("abfs", "az", "abfss")
     example_options = ("account_name", "account_key", "connection_string")
+    endpoint_options = ("connection_string", "account_host")
 
     @classmethod
     def fs_options(cls, options: dict[str, Any], bounds: StorageBounds) -> dict[str, Any]:
@@ -39,6 +43,15 @@ class AzureStorage(ObjectStorage):
         for name in ("total_retries", "connect_retries", "read_retries", "status_retries"):
             if hasattr(policy, name):
                 setattr(policy, name, 0)
+
+    def endpoint(self) -> str | None:
+        # What adlfs connects to, read from the filesystem: its connection string came from the
+        # option, fsspec's configuration or AZURE_STORAGE_CONNECTION_STRING alike.
+        connection = getattr(self.fs, "connection_string", None)
+        if connection:
+            return blob_endpoint(connection)
+        host = getattr(self.fs, "account_host", None)
+        return f"https://{host}" if host else None
 
     def client_errors(self) -> tuple[type[BaseException], ...]:
         from azure.core.exceptions import AzureError
@@ -74,3 +87,20 @@ class AzureStorage(ObjectStorage):
                 )
             await asyncio.sleep(pause)
             pause = min(2 * pause, 2.0)
+
+
+def blob_endpoint(connection_string: str) -> str | None:
+    """The Blob service endpoint a connection string names (``BlobEndpoint=...``, or the
+    emulator's for ``UseDevelopmentStorage=true``); None for Azure's own, derived from the
+    account, or a string that does not parse (the client says what is wrong with it)."""
+    from azure.core.utils import parse_connection_string
+
+    try:
+        parts = parse_connection_string(connection_string)  # keys lower-cased
+    except ValueError:
+        return None
+    if parts.get("blobendpoint"):
+        return str(parts["blobendpoint"])
+    if str(parts.get("usedevelopmentstorage", "")).lower() == "true":
+        return _EMULATOR_ENDPOINT
+    return None

@@ -7,10 +7,14 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterable
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
+
+import fsspec
 
 from dedupsink.errors import DedupOptionError, StoreUnavailableError
 from dedupsink.masking import mask_values, storage_secrets
+from dedupsink.options import STORAGE_OPTION_PREFIX
 from dedupsink.store.storage.base import Storage
 
 # How long the check of a query's start waits for a TCP connection to an endpoint set in the
@@ -22,6 +26,8 @@ class ObjectStorage(Storage):
     """Object stores: no folders, no rename; a conditional PUT and a server-side copy."""
 
     service = "object store"  # in errors: "a reachable S3 endpoint"
+    # The storage options that say where the client connects, named in errors when set.
+    endpoint_options: ClassVar[tuple[str, ...]] = ("endpoint_url",)
 
     def folders(self, folder: str) -> list[str]:
         return []  # a "folder" is a name prefix: nothing is left once its files are deleted
@@ -63,7 +69,7 @@ class ObjectStorage(Storage):
         if silent is not None:
             # Before any request: the client retries a refused connection for seconds, and
             # asks for credentials before it connects at all.
-            secrets = storage_secrets(self.options)
+            secrets = self.secrets()
             raise DedupOptionError(option, mask_values(self.url, secrets), silent)
         bucket = self.root.split("/", 1)[0]
         try:
@@ -93,7 +99,7 @@ class ObjectStorage(Storage):
                 accepted = f"a reachable location{at} ({type(exc).__name__}: {one_line(exc)})"
         if not accepted:
             return None
-        secrets = storage_secrets(self.options)
+        secrets = self.secrets()
         return DedupOptionError(
             option, mask_values(self.url, secrets), mask_values(accepted, secrets)
         )
@@ -120,16 +126,37 @@ class ObjectStorage(Storage):
     def silent_text(self) -> str:
         """What is accepted when the endpoint takes connections but never replies."""
         endpoint = self.endpoint() or self.service
-        named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
         return (
-            f"an endpoint that answers: the {self.service} endpoint {endpoint}{named} accepted the "
+            f"an endpoint that answers: the {self.service} endpoint {endpoint}{self._named()} "
+            "accepted the "
             f"connection but sent no reply within {self.bounds.start:g} s (storageConnectTimeout)"
         )
 
     def nothing_answers(self, endpoint: str) -> str:
         """What is accepted when no server answers at ``endpoint``."""
-        named = " (fs.endpoint_url)" if "endpoint_url" in self.options else ""
-        return f"a reachable {self.service} endpoint: nothing answers at {endpoint}{named}"
+        return f"a reachable {self.service} endpoint: nothing answers at {endpoint}{self._named()}"
+
+    def configured_options(self) -> dict[str, Any]:
+        """The storage options the filesystem took from fsspec's own configuration
+        (``fsspec.config.conf``: its config files and ``FSSPEC_<PROTOCOL>_<NAME>`` variables),
+        which fsspec adds to the user's when it makes the filesystem: the checks of a query's
+        start read them as the filesystem does."""
+        configured = fsspec.config.apply_config(type(self.fs), {})
+        return {name: value for name, value in configured.items() if name not in self.options}
+
+    def secrets(self) -> list[object]:
+        """The values errors must not show: of the user's options and of fsspec's configuration."""
+        return storage_secrets({**self.configured_options(), **self.options})
+
+    def _named(self) -> str:
+        """Where the endpoint was set, in parentheses ("" when not by an option)."""
+        configured = self.configured_options()
+        for name in self.endpoint_options:
+            if name in self.options:
+                return f" ({STORAGE_OPTION_PREFIX}{name})"
+            if name in configured:
+                return f" ({name} in fsspec's configuration)"
+        return ""
 
     def client_problem(self, exc: BaseException) -> str | None:
         """What is accepted, for a failure particular to the client (credentials, endpoint)."""
