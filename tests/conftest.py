@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -56,6 +58,32 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "run `make install` (Spark's workers would run the installed copy)",
             2,
         )
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (a CI's time-out, ``kill``) ends the session as Ctrl-C does: pytest then tears
+    the fixtures down, so the servers they started (PostgreSQL's, Azurite, fake-gcs-server)
+    stop and their folders go, instead of outliving the run."""
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def local_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The machine-local folders of every process the session starts (the state folder's
+    default root, ``store/shared.default_root``; Spark's scratch space), under the session's
+    temporary folder rather than the system's: what the tests leave there goes with it."""
+    folder = tmp_path_factory.mktemp("local-dirs")
+    previous = os.environ.get("SPARK_LOCAL_DIRS")
+    os.environ["SPARK_LOCAL_DIRS"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("SPARK_LOCAL_DIRS", None)
+    else:
+        os.environ["SPARK_LOCAL_DIRS"] = previous
 
 
 def build_session(master: str, app: str):  # type: ignore[no-untyped-def]

@@ -346,6 +346,17 @@ def readme_samples() -> list[list[str]]:
     return [as_the_readme_shows(block) for block in blocks[:2]]
 
 
+def test_each_readme_sample_of_make_run_is_one_run() -> None:
+    """Each sample's batch lines and summary come from the same run: its windows' wall times
+    add up to no more than the run's."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## A first look", 1)[1]
+    for block in re.findall(r"```\n(.*?)```", section, re.DOTALL)[:2]:
+        finished = re.search(r"Run finished: \d+ batch(?:es)? in (\d+\.\d) s", block)
+        walls = [float(wall) for wall in re.findall(r"\| (\d+\.\d) s wall", block)]
+        assert finished is not None and walls, block
+        assert sum(walls) <= float(finished.group(1)), (walls, finished.group(0))
+
+
 def as_the_readme_shows(text: str, out: Path | None = None) -> list[str]:
     """Lines as the README writes them: the output under /home/you, the run's time and query
     id and each window's seconds (which differ each run) as placeholders, the command as
